@@ -1,0 +1,1 @@
+"""Docker backend plugin for psych-sandbox (infrastructure layer)."""

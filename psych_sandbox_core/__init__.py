@@ -1,0 +1,41 @@
+"""psych-sandbox: run one untrusted Python program per execution in real OS isolation."""
+
+from .bindings import BindingProvider, FunctionBindings, ToolCallError, ToolSpec
+from .errors import (
+    ConfigurationError,
+    ErrorKind,
+    InterpreterNotFoundError,
+    SandboxClosedError,
+    SandboxError,
+    UnknownBackendError,
+    UnknownProfileError,
+)
+from .grading import Grade, Guarantee, Level, level_of
+from .profiles import DeploymentConfig, ProfileConfig
+from .result import ExecutionFailure, ExecutionResult
+from .sandbox import Sandbox
+from .terms import ExecutionLimits
+
+__all__ = [
+    "BindingProvider",
+    "ConfigurationError",
+    "DeploymentConfig",
+    "ErrorKind",
+    "ExecutionFailure",
+    "ExecutionLimits",
+    "ExecutionResult",
+    "FunctionBindings",
+    "Grade",
+    "Guarantee",
+    "InterpreterNotFoundError",
+    "Level",
+    "ProfileConfig",
+    "Sandbox",
+    "SandboxClosedError",
+    "SandboxError",
+    "ToolCallError",
+    "ToolSpec",
+    "UnknownBackendError",
+    "UnknownProfileError",
+    "level_of",
+]

@@ -1,0 +1,121 @@
+"""The interface every backend implements (see docs/writing-a-backend.md).
+
+A backend knows how to start the bootstrap somewhere contained and how to tear it down.
+It does not grade itself and never states a level: it reports the :class:`Mechanisms` it
+applied, the child reports what it observes, and the core grades both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from anyio.abc import ByteReceiveStream
+from pydantic import BaseModel, ConfigDict
+
+from .channel import ChannelListener
+from .grading import Level, Mechanisms
+from .process import ExitStatus
+from .terms import ExecutionLimits
+
+
+class BackendUnavailable(Exception):
+    """Raised by a backend's launch when it cannot start a child here. Not a program error:
+    the execution fails with backend_not_ready."""
+
+
+class BackendOptions(BaseModel):
+    """Base for a backend's own settings: strict, unknown keys rejected."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class ProbeTargets:
+    """What the child probes before the program runs: a canary file the host wrote outside
+    the workspace, and loopback listeners the host opened for this execution."""
+
+    canary_path: str | None
+    port4: int | None
+    port6: int | None
+    host_pid: int
+
+    def as_json_object(self) -> dict[str, object]:
+        return {
+            "canary": self.canary_path,
+            "port4": self.port4,
+            "port6": self.port6,
+            "host_pid": self.host_pid,
+        }
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything a backend needs to start one execution's child."""
+
+    bootstrap_source: str
+    probe: ProbeTargets
+    limits: ExecutionLimits
+    #: The child's whole environment (an allow-list; backends add nothing secret).
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+class Launched(ABC):
+    """A started child: its streams, its channel and its teardown."""
+
+    mechanisms: Mechanisms
+    stdout: ByteReceiveStream
+    stderr: ByteReceiveStream
+    channel: ChannelListener
+
+    @abstractmethod
+    async def wait_exited(self) -> None:
+        """Return when the child has exited (not yet reaped)."""
+
+    @abstractmethod
+    async def terminate(self, grace_seconds: float) -> None:
+        """SIGTERM (or the platform's equivalent) to the whole tree, grace, then kill."""
+
+    @abstractmethod
+    async def finish(self) -> ExitStatus:
+        """Kill whatever is left of the tree, reap, and return how the child ended.
+        Idempotent; must be safe to call after any failure."""
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    #: Why not, for a person reading `psych-sandbox doctor`.
+    reason: str | None = None
+    #: The level a trial execution reached here (from its grades), when one ran.
+    level: Level | None = None
+    grades: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    """A way of running the bootstrap contained. Register subclasses through the
+    ``psych_sandbox_register_backends`` hook."""
+
+    #: Identifier used in configuration and as the entry-point name.
+    id: ClassVar[str]
+    #: The backend's own strict settings model.
+    Options: ClassVar[type[BackendOptions]] = BackendOptions
+    #: The level this backend aims for on a host where it works; a report weaker than this
+    #: gets the output withheld.
+    claims: ClassVar[Level]
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+
+    @abstractmethod
+    def unavailable_reason(self) -> str | None:
+        """A quick, side-effect-free reason this backend cannot work here, or None.
+        The real answer comes from a trial execution (see registry.select)."""
+
+    @abstractmethod
+    def launch(self, request: LaunchRequest) -> AbstractAsyncContextManager[Launched]:
+        """Start the child. Leaving the context tears everything down: no process, fd,
+        temporary directory or mount survives it, whatever happened inside."""
+

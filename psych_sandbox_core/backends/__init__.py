@@ -1,0 +1,1 @@
+"""Backends shipped inside the core distribution (registered through the same hook)."""

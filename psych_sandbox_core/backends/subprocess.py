@@ -1,0 +1,264 @@
+"""The subprocess backend: the embedded default, reaching the process level.
+
+A fresh interpreter per execution in its own session, with rlimits the child applies to
+itself, an environment built from an allow-list and a private working directory. On Linux it
+also unshares a pid namespace (so teardown reaches a descendant that called setsid) and a
+network namespace where the kernel allows, and drops to an unprivileged uid when the host
+runs as root. It has no filesystem boundary: that guarantee is graded unavailable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, ClassVar
+
+from pydantic import Field
+
+from .. import hookspecs
+from ..backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
+from ..channel import InheritedSocketChannel
+from ..errors import InterpreterNotFoundError
+from ..grading import Level, Mechanisms
+from ..host import child_environment
+from ..process import ExitStatus, ManagedProcess
+from ..workspace import create_workspace, remove_tree
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+
+#: The unprivileged identity a root host drops the child to (nobody/nogroup on Debian).
+NOBODY = 65534
+
+
+class SubprocessOptions(BackendOptions):
+    #: Interpreter for the child: a path or a name on PATH; None picks one the child's
+    #: identity can run (the host's own when reachable, else a system python3).
+    interpreter: str | None = None
+    #: When the host runs as root, run the program as this uid/gid instead.
+    drop_to_uid: Annotated[int, Field(ge=1)] = NOBODY
+    drop_to_gid: Annotated[int, Field(ge=1)] = NOBODY
+    #: Unshare pid and network namespaces where the kernel allows.
+    use_namespaces: bool = True
+
+
+class SubprocessBackend(Backend):
+    id: ClassVar[str] = "subprocess"
+    Options: ClassVar[type[BackendOptions]] = SubprocessOptions
+    claims: ClassVar[Level] = Level.PROCESS
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        assert isinstance(options, SubprocessOptions)
+        self.settings = options
+        self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        self.identity = (options.drop_to_uid, options.drop_to_gid) if self.is_root else None
+        # Resolved once, at load: a name that cannot be resolved fails configuration now.
+        self.interpreter = resolve_interpreter(options.interpreter, self.identity)
+        self.namespaces = (
+            namespace_flags(self.interpreter, self.is_root)
+            if options.use_namespaces and sys.platform.startswith("linux")
+            else 0
+        )
+
+    def unavailable_reason(self) -> str | None:
+        if os.name != "posix":
+            return "the subprocess backend needs a POSIX host"
+        return None
+
+    def mechanisms(self) -> Mechanisms:
+        return Mechanisms(
+            network_namespace=bool(self.namespaces & CLONE_NEWNET),
+            process_tree_boundary=bool(self.namespaces & CLONE_NEWPID),
+            process_group=True,
+            unprivileged_identity=self.identity is not None,
+        )
+
+    @asynccontextmanager
+    async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
+        workspace = create_workspace(self.identity)
+        channel = InheritedSocketChannel()
+        process: ManagedProcess | None = None
+        try:
+            argv = [
+                self.interpreter,
+                "-I",
+                "-u",
+                "-c",
+                request.bootstrap_source,
+                f"channel={channel.child_spec}",
+                "probe=" + json.dumps(request.probe.as_json_object()),
+            ]
+            if self.namespaces & CLONE_NEWPID:
+                argv.append("pid-namespace=1")
+            try:
+                process = await ManagedProcess.spawn(
+                    argv,
+                    env={**child_environment(workspace), **request.environment},
+                    cwd=workspace,
+                    pass_fds=channel.inherited_fds,
+                    preexec_fn=_containment(self.namespaces, self.identity),
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise BackendUnavailable(
+                    f"the subprocess backend could not start {self.interpreter}: {exc}"
+                ) from exc
+            channel.after_spawn()
+            yield _Launched(process, channel, self.mechanisms())
+        finally:
+            if process is not None:
+                await process.aclose()
+            await channel.aclose()
+            remove_tree(workspace)
+
+
+class _Launched(Launched):
+    def __init__(
+        self, process: ManagedProcess, channel: InheritedSocketChannel, mechanisms: Mechanisms
+    ) -> None:
+        self.process = process
+        self.channel = channel
+        self.mechanisms = mechanisms
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+
+    async def wait_exited(self) -> None:
+        await self.process.wait_exited()
+
+    async def terminate(self, grace_seconds: float) -> None:
+        await self.process.terminate(grace_seconds)
+
+    async def finish(self) -> ExitStatus:
+        return await self.process.kill_and_reap()
+
+
+# ---------------------------------------------------------------- interpreter resolution
+
+
+def resolve_interpreter(configured: str | None, identity: tuple[int, int] | None) -> str:
+    """One absolute interpreter path the child's identity can execute, or a config error."""
+    if configured is not None:
+        found = configured if os.path.isabs(configured) else shutil.which(configured)
+        if found is None or not os.access(found, os.X_OK):
+            raise InterpreterNotFoundError(
+                f"interpreter {configured!r} cannot be resolved to an executable file"
+            )
+        path = os.path.realpath(found)
+        if identity is not None and not reachable_by_others(path):
+            raise InterpreterNotFoundError(
+                f"interpreter {path} is not reachable by the unprivileged uid {identity[0]} the "
+                "program runs as (a parent directory or the file is not world-executable)"
+            )
+        return path
+    candidates = [os.path.realpath(sys.executable)]
+    for name in (f"python{sys.version_info.major}.{sys.version_info.minor}", "python3"):
+        for directory in ("/usr/bin", "/usr/local/bin"):
+            candidates.append(os.path.join(directory, name))
+    for candidate in candidates:
+        if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
+            continue
+        real = os.path.realpath(candidate)
+        if identity is None or reachable_by_others(real):
+            return real
+    raise InterpreterNotFoundError(
+        "no Python interpreter the sandboxed program's identity can run was found; set "
+        "'interpreter' in the profile to a world-executable python3 (3.10 or newer)"
+    )
+
+
+def reachable_by_others(path: str) -> bool:
+    """Whether a uid that is neither the owner nor in the group can execute ``path``."""
+    current = Path(path)
+    try:
+        if not current.stat().st_mode & stat.S_IXOTH:
+            return False
+        for parent in current.parents:
+            if not parent.stat().st_mode & stat.S_IXOTH:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- namespaces and identity
+
+_libc: ctypes.CDLL | None = None
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    global _libc
+    if _libc is None and sys.platform.startswith("linux"):
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+    return _libc
+
+
+def _containment(
+    namespaces: int, identity: tuple[int, int] | None
+) -> Callable[[], None] | None:
+    """The work done in the forked child before exec: die with the host, unshare, drop uid."""
+    libc = _load_libc()
+    if libc is None and identity is None:
+        return None
+
+    def contain() -> None:
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+            if namespaces and libc.unshare(namespaces) != 0:
+                raise OSError(ctypes.get_errno(), "unshare failed")
+        if identity is not None:
+            uid, gid = identity
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+
+    return contain
+
+
+@lru_cache(maxsize=4)
+def namespace_flags(interpreter: str, is_root: bool) -> int:
+    """The namespace flags a real trial spawn accepted here (0 if none)."""
+    wanted = CLONE_NEWPID | CLONE_NEWNET
+    if not is_root:
+        wanted |= CLONE_NEWUSER
+    libc = _load_libc()
+    if libc is None:
+        return 0
+
+    def trial() -> None:
+        if libc.unshare(wanted) != 0:
+            raise OSError(ctypes.get_errno(), "unshare failed")
+
+    try:
+        subprocess.run(
+            [interpreter, "-I", "-S", "-c", "pass"],
+            preexec_fn=trial,  # noqa: PLW1509
+            check=True,
+            env={},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return wanted
+
+
+@hookspecs.hookimpl
+def psych_sandbox_register_backends(registry: hookspecs.BackendRegistrar) -> None:
+    registry.add(SubprocessBackend)

@@ -1,0 +1,682 @@
+# The child side of psych-sandbox. Standard library only, CPython 3.10+: this source runs on
+# interpreters we do not choose (a container's, a remote host's), passed with ``-c``, so it
+# never needs a file of ours to be readable from inside the sandbox.
+#
+# Sequence: connect the channel -> probe own containment -> hello -> wait for run or abort
+# -> apply limits -> compile -> run -> result frame -> exit.
+#
+# Imports are kept to what every run needs; asyncio and traceback load only when used,
+# because interpreter start-up is most of an execution's latency.
+# ruff: noqa: PLC0415
+import ast
+import json
+import os
+import socket
+import sys
+
+PROTOCOL_VERSION = 1
+PROGRAM_FILENAME = "<program>"
+MAX_HOST_FRAME_BYTES = 64 * 1024 * 1024
+MAIN_NAME = "__psych_main__"
+RLIMIT_NAMES = ("CORE", "CPU", "AS", "FSIZE", "NPROC", "NOFILE")
+
+
+class ToolError(Exception):
+    """A binding call failed; ``kind`` says how (see docs/protocol.md)."""
+
+    def __init__(self, kind, message):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+class ToolResultHandle:
+    """A result too large to hand over whole: read it with read_tool_output()."""
+
+    __slots__ = ("_descriptor",)
+
+    def __init__(self, descriptor):
+        self._descriptor = descriptor
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError(
+            "this is a ToolResultHandle, not the tool's result: the result was too large to "
+            "send whole. Read it in windows or search it with "
+            "await read_tool_output(handle=..., offset=..., length=...) or pattern=..."
+        )
+
+    __len__ = __iter__ = __getitem__ = __contains__ = get = keys = items = values = _refuse
+
+    def __repr__(self):
+        return f"ToolResultHandle({self._descriptor!r})"
+
+    def to_json(self):
+        return dict(self._descriptor)
+
+
+class Channel:
+    """The protocol channel, whatever transport the backend gave us."""
+
+    def __init__(self, spec):
+        kind, _, rest = spec.partition(":")
+        token = None
+        if kind == "fd":
+            sock = socket.socket(fileno=int(rest))
+        elif kind == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(rest)
+        elif kind == "tcp":
+            host, port, token = rest.rsplit(":", 2)
+            sock = socket.create_connection((host.strip("[]"), int(port)))
+        else:
+            raise SystemExit(f"psych-sandbox bootstrap: unknown channel {spec!r}")
+        sock.set_inheritable(False)
+        self.sock = sock
+        self.reader = sock.makefile("rb")
+        if token is not None:
+            sock.sendall(token.encode() + b"\n")
+        import threading
+
+        self.lock = threading.Lock()
+        self.next_id = 0
+
+    def send(self, frame):
+        data = json.dumps(frame, separators=(",", ":"), allow_nan=False) + "\n"
+        self.sock.sendall(data.encode())
+
+    def receive(self):
+        line = self.reader.readline(MAX_HOST_FRAME_BYTES)
+        if not line.endswith(b"\n"):
+            raise SystemExit("psych-sandbox bootstrap: control channel closed")
+        frame = json.loads(line)
+        if not isinstance(frame, dict):
+            raise SystemExit("psych-sandbox bootstrap: malformed host frame")
+        return frame
+
+    def call(self, name, arguments):
+        # Claim, write and advance under one lock: threads may call concurrently, and an id
+        # is spent only once its frame was written.
+        with self.lock:
+            call_id = self.next_id
+            self.send({"type": "call", "id": call_id, "name": name, "arguments": arguments})
+            self.next_id = call_id + 1
+            reply = self.receive()
+        if reply.get("type") != "reply" or reply.get("id") != call_id:
+            raise SystemExit("psych-sandbox bootstrap: reply out of order")
+        carries = reply.get("carries")
+        if carries == "value":
+            return json.loads(reply["value_json"])
+        if carries == "handle":
+            return ToolResultHandle(reply["handle"])
+        raise ToolError(reply.get("error_kind") or "tool_error", reply.get("message") or "")
+
+
+# ------------------------------------------------------------------ probing
+
+
+def _probe_connect(family, address):
+    if address is None:
+        return "skipped"
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        return "unreachable"
+    sock.settimeout(1.0)
+    try:
+        sock.connect(address)
+        return "connected"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "unreachable"
+    finally:
+        sock.close()
+
+
+def _interfaces_up():
+    # Ask the kernel about this process's own network namespace (sysfs may be the host's).
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return []
+    up = []
+    probe_socket = None
+    try:
+        if sys.platform.startswith("linux"):
+            import fcntl
+            import struct
+
+            probe_socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        for name in names:
+            if name == "lo" or name.startswith("lo0"):
+                continue
+            flags = 0x1  # elsewhere, an interface that exists counts as up: the safe side
+            if probe_socket is not None:
+                try:
+                    request = struct.pack("16sH14x", name.encode()[:15], 0)
+                    answer = fcntl.ioctl(probe_socket.fileno(), 0x8913, request)  # SIOCGIFFLAGS
+                    flags = struct.unpack("16sH14x", answer)[1]
+                except OSError:
+                    flags = 0x1
+            if flags & 0x1:  # IFF_UP
+                up.append(name[:64])
+    finally:
+        if probe_socket is not None:
+            probe_socket.close()
+    return up[:256]
+
+
+def _capabilities():
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return line.split()[1][:32]
+    except OSError:
+        pass
+    return None
+
+
+def _limits():
+    try:
+        import resource
+    except ImportError:
+        return []
+    out = []
+    for name in RLIMIT_NAMES:
+        constant = getattr(resource, "RLIMIT_" + name, None)
+        if constant is None:
+            continue
+        soft, hard = resource.getrlimit(constant)
+        inf = resource.RLIM_INFINITY
+        out.append(
+            {"name": name, "soft": -1 if soft == inf else soft, "hard": -1 if hard == inf else hard}
+        )
+    return out
+
+
+def probe(config):
+    canary = config.get("canary")
+    canary_readable = None
+    if canary:
+        try:
+            with open(canary, "rb") as fh:
+                fh.read(1)
+            canary_readable = True
+        except OSError:
+            canary_readable = False
+    port4 = config.get("port4")
+    port6 = config.get("port6")
+    host_pid = config.get("host_pid")
+    return {
+        "uid": os.getuid(),
+        "euid": os.geteuid(),
+        "gid": os.getgid(),
+        "pid": os.getpid(),
+        "canary_readable": canary_readable,
+        "network": {
+            "ipv4": _probe_connect(socket.AF_INET, ("127.0.0.1", port4) if port4 else None),
+            "ipv6": _probe_connect(socket.AF_INET6, ("::1", port6) if port6 else None),
+            "interfaces_up": _interfaces_up(),
+        },
+        "limits": _limits(),
+        "capabilities": _capabilities(),
+        "sees_foreign_processes": (
+            os.path.exists(f"/proc/{host_pid}") if host_pid and os.path.isdir("/proc") else None
+        ),
+        "python": sys.version.split()[0],
+        "platform": sys.platform,
+    }
+
+
+# ------------------------------------------------------------------ limits
+
+
+def apply_limits(limits):
+    try:
+        import resource
+    except ImportError:
+        return
+    inf = resource.RLIM_INFINITY
+
+    def clamp(constant, soft, hard):
+        # Never raise: take the stricter of requested and inherited on each side, then keep
+        # soft <= hard.
+        old_soft, old_hard = resource.getrlimit(constant)
+        if hard is not None and (old_hard == inf or hard < old_hard):
+            new_hard = hard
+        else:
+            new_hard = old_hard
+        if soft is not None and (old_soft == inf or soft < old_soft):
+            new_soft = soft
+        else:
+            new_soft = old_soft
+        if new_hard != inf and (new_soft == inf or new_soft > new_hard):
+            new_soft = new_hard
+        try:
+            resource.setrlimit(constant, (new_soft, new_hard))
+        except (ValueError, OSError):
+            # Some platforms refuse any practical cap (address space with large shared
+            # mappings); the CPU limit and the host's wall clock remain.
+            pass
+
+    # Core dumps off first: the CPU limit's signal would otherwise dump a memory image.
+    clamp(resource.RLIMIT_CORE, 0, 0)
+    cpu = limits.get("cpu_seconds")
+    if cpu is not None:
+        clamp(resource.RLIMIT_CPU, cpu, cpu + 1)
+    memory = limits.get("memory_bytes")
+    if memory is not None and hasattr(resource, "RLIMIT_AS"):
+        clamp(resource.RLIMIT_AS, memory, memory)
+    size = limits.get("file_size_bytes")
+    if size is not None:
+        clamp(resource.RLIMIT_FSIZE, size, size)
+    processes = limits.get("processes")
+    if processes is not None and hasattr(resource, "RLIMIT_NPROC"):
+        clamp(resource.RLIMIT_NPROC, processes, processes)
+
+
+# ------------------------------------------------------------------ compiling
+
+
+class _ScopeWalker(ast.NodeVisitor):
+    """Collects names the top-level scope binds, and whether it awaits, without descending
+    into nested scopes."""
+
+    def __init__(self):
+        self.names = set()
+        self.awaits = False
+        self.yields = False
+
+    def visit_FunctionDef(self, node):
+        self.names.add(node.name)
+        for item in node.decorator_list:
+            self.visit(item)
+        self._visit_arguments_defaults(node.args)
+        if node.returns is not None:
+            self.visit(node.returns)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _visit_arguments_defaults(self, args):
+        for default in list(args.defaults) + [d for d in args.kw_defaults if d is not None]:
+            self.visit(default)
+
+    def visit_ClassDef(self, node):
+        self.names.add(node.name)
+        for item in list(node.decorator_list) + list(node.bases) + list(node.keywords):
+            self.visit(item)
+
+    def visit_Lambda(self, node):
+        self._visit_arguments_defaults(node.args)
+
+    def _visit_comprehension(self, node):
+        # The first iterable is evaluated in the enclosing scope; an await there counts.
+        self.visit(node.generators[0].iter)
+        for child in ast.walk(node):
+            if isinstance(child, ast.NamedExpr) and isinstance(child.target, ast.Name):
+                self.names.add(child.target.id)
+            if isinstance(child, (ast.Await,)) or (
+                isinstance(child, ast.comprehension) and child.is_async
+            ):
+                self.awaits = True
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _visit_comprehension
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            self.names.add(node.id)
+
+    def visit_Import(self, node):
+        for alias in node.names:
+            self.names.add(alias.asname or alias.name.split(".")[0])
+
+    def visit_ImportFrom(self, node):
+        for alias in node.names:
+            if alias.name != "*":
+                self.names.add(alias.asname or alias.name)
+
+    def visit_ExceptHandler(self, node):
+        if node.name:
+            self.names.add(node.name)
+        self.generic_visit(node)
+
+    def visit_MatchAs(self, node):
+        if node.name:
+            self.names.add(node.name)
+        self.generic_visit(node)
+
+    def visit_MatchStar(self, node):
+        if node.name:
+            self.names.add(node.name)
+
+    def visit_MatchMapping(self, node):
+        if node.rest:
+            self.names.add(node.rest)
+        self.generic_visit(node)
+
+    def visit_Global(self, node):
+        self.names.update(node.names)
+
+    def visit_Await(self, node):
+        self.awaits = True
+        self.generic_visit(node)
+
+    def visit_AsyncFor(self, node):
+        self.awaits = True
+        self.generic_visit(node)
+
+    visit_AsyncWith = visit_AsyncFor
+
+    def visit_Yield(self, node):
+        self.yields = True
+
+    visit_YieldFrom = visit_Yield
+
+
+def build_program(source):
+    """Parse the model's program and wrap its body in a synthetic function.
+
+    Returns (code, is_async). Raises SyntaxError with the program's own line and column.
+    """
+    tree = ast.parse(source, PROGRAM_FILENAME, "exec", type_comments=False)
+    body = list(tree.body)
+    futures = []
+    while body and isinstance(body[0], ast.ImportFrom) and body[0].module == "__future__":
+        futures.append(body.pop(0))
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        # A leading docstring is allowed before __future__ imports; keep it as a statement.
+        pass
+    walker = _ScopeWalker()
+    for statement in body:
+        walker.visit(statement)
+    if walker.yields:
+        first = next(n for s in body for n in ast.walk(s) if isinstance(n, (ast.Yield, ast.YieldFrom)))
+        raise SyntaxError(
+            "'yield' outside function",
+            (PROGRAM_FILENAME, first.lineno, first.col_offset + 1, None),
+        )
+    # Module-level names stay module globals, as they would in a script: functions defined
+    # by the program see them, and `global` inside those functions means what it says.
+    body = [_unannotate(statement) for statement in body]
+    body = [statement for statement in body if statement is not None]
+    if body and isinstance(body[-1], ast.Expr):
+        last = body[-1]
+        body[-1] = ast.copy_location(ast.Return(value=last.value), last)
+    anchor = body[0] if body else (futures[0] if futures else None)
+    if not body:
+        body = [ast.Pass()]
+    if walker.names:
+        body.insert(0, ast.Global(names=sorted(walker.names)))
+    factory = ast.AsyncFunctionDef if walker.awaits else ast.FunctionDef
+    arguments = ast.arguments(
+        posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None,
+        defaults=[],
+    )
+    wrapper = factory(
+        name=MAIN_NAME, args=arguments, body=body, decorator_list=[], returns=None,
+        type_comment=None,
+    )
+    if sys.version_info >= (3, 12):
+        wrapper.type_params = []
+    module = ast.Module(body=[*futures, wrapper], type_ignores=[])
+    if anchor is not None:
+        # Anchor the synthetic nodes on the first real statement so every line number in a
+        # traceback is a line of the model's text.
+        for node in (wrapper, body[0]):
+            ast.copy_location(node, anchor)
+            node.end_lineno = anchor.end_lineno
+            node.end_col_offset = anchor.end_col_offset
+    ast.fix_missing_locations(module)
+    # dont_inherit: this module's own compiler flags must not leak into the program.
+    code = compile(module, PROGRAM_FILENAME, "exec", dont_inherit=True)
+    return code, walker.awaits
+
+
+def _unannotate(statement):
+    # `x: int = 1` cannot stay annotated once `x` is declared global inside the wrapper.
+    if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+        if statement.value is None:
+            return None
+        return ast.copy_location(
+            ast.Assign(targets=[statement.target], value=statement.value), statement
+        )
+    return statement
+
+
+# ------------------------------------------------------------------ reporting errors
+
+
+def _filter_exception(te):
+    import traceback
+
+    seen = set()
+    stack = [te]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.stack = traceback.StackSummary.from_list(
+            [frame for frame in current.stack if frame.filename == PROGRAM_FILENAME]
+        )
+        stack.append(current.__cause__)
+        stack.append(current.__context__)
+        stack.extend(getattr(current, "exceptions", None) or [])
+
+
+def describe_exception(exc):
+    import traceback
+
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, capture_locals=False)
+    _filter_exception(te)
+    text = "".join(te.format())
+    line = column = None
+    if isinstance(exc, SyntaxError) and exc.filename == PROGRAM_FILENAME:
+        line, column = exc.lineno, exc.offset
+    elif te.stack:
+        line = te.stack[-1].lineno
+    try:
+        message = str(exc)
+    except Exception:  # a hostile __str__ must not take the bootstrap down
+        message = f"<unprintable {type(exc).__name__}>"
+    return {
+        "type": type(exc).__name__[:256],
+        "message": message[:256 * 1024],
+        "traceback": text[-256 * 1024:],
+        "line": line if isinstance(line, int) and line >= 0 else None,
+        "column": column if isinstance(column, int) and column >= 0 else None,
+    }
+
+
+# ------------------------------------------------------------------ the program's namespace
+
+
+def _make_namespace(channel, tools):
+    import builtins
+    import keyword
+
+    async def call_tool(name, arguments=None):
+        if not isinstance(name, str):
+            raise TypeError("call_tool(name, arguments): name must be a str")
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise TypeError("call_tool(name, arguments): arguments must be a dict")
+        return channel.call(name, arguments)
+
+    namespace = {
+        "__name__": "__main__",
+        "__builtins__": builtins,
+        "__doc__": None,
+        "TOOLS": tuple(tools),
+        "ToolError": ToolError,
+        "ToolResultHandle": ToolResultHandle,
+        "call_tool": call_tool,
+    }
+    for tool in tools:
+        # A direct alias only for names that are usable identifiers; never a mangled one, so
+        # two tools whose names mangle alike can never answer for each other.
+        if tool.isidentifier() and not keyword.iskeyword(tool) and tool not in namespace:
+            namespace[tool] = _alias(call_tool, tool)
+    return namespace
+
+
+def _alias(call_tool, tool):
+    async def alias(**arguments):
+        return await call_tool(tool, arguments)
+
+    alias.__name__ = alias.__qualname__ = tool
+    return alias
+
+
+# ------------------------------------------------------------------ running
+
+
+def run_program(channel, frame):
+    tools = frame.get("tools") or []
+    limits = frame.get("limits") or {}
+    cap = int(limits.get("return_value_bytes") or 0)
+    namespace = _make_namespace(channel, tools)
+    try:
+        code, is_async = build_program(frame["source"])
+    except SyntaxError as exc:
+        return {"outcome": "raised", "error": describe_exception(exc)}
+    import linecache
+
+    linecache.cache[PROGRAM_FILENAME] = (
+        len(frame["source"]), None, frame["source"].splitlines(True), PROGRAM_FILENAME,
+    )
+    try:
+        exec(code, namespace)
+        main = namespace.pop(MAIN_NAME)
+        main.__code__ = main.__code__.replace(co_name="<module>")
+        if is_async:
+            import asyncio
+
+            value = asyncio.run(main())
+        else:
+            value = main()
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            value = None
+        else:
+            return {"outcome": "raised", "error": describe_exception(exc)}
+    except BaseException as exc:
+        return {"outcome": "raised", "error": describe_exception(exc)}
+    if isinstance(value, ToolResultHandle):
+        value = value.to_json()
+    try:
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        return {
+            "outcome": "invalid_output",
+            "detail": (
+                f"the return value of type {type(value).__name__} is not JSON-serialisable: "
+                f"{exc}"
+            )[:4096],
+        }
+    if len(encoded.encode()) > cap:
+        return {
+            "outcome": "output_limit",
+            "detail": (
+                f"the return value is {len(encoded.encode())} bytes as JSON, over the "
+                f"{cap}-byte limit"
+            ),
+        }
+    return {"outcome": "returned", "value_json": encoded}
+
+
+def _pid_namespace_init():
+    """Split into an outer waiter, an init for the new pid namespace, and the program's process.
+
+    The host unshared a pid namespace before exec, so our children live in it. The first child
+    is its init: when it exits the kernel kills everything left in the namespace, including
+    descendants that called setsid. Init ignores default-disposition signals, so the program
+    runs one level further down, where a CPU-limit signal still kills it.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        die_with_parent = lambda: libc.prctl(pr_set_pdeathsig, 9, 0, 0, 0)  # noqa: E731
+    except (ImportError, OSError):
+        die_with_parent = lambda: None  # noqa: E731
+    init = os.fork()
+    if init:
+        _exit_like(init)
+    die_with_parent()
+    program = os.fork()
+    if program:
+        _reap_as_init(program)
+    die_with_parent()
+
+
+def _exit_like(pid):
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code > 128:
+        code = 128 - code  # init's encoding of "the program died of signal code-128"
+    if code < 0:
+        import signal
+
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
+def _reap_as_init(program):
+    # As init we must reap every orphan, and pass the program's own fate upward encoded in
+    # the exit code (init cannot die of a signal it has no handler for).
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(70)
+        if pid == program:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(128 - code if code < 0 else code)
+
+
+def main(argv):
+    options = {}
+    for item in argv:
+        key, _, value = item.partition("=")
+        options[key.lstrip("-")] = value
+    probe_config = json.loads(options.get("probe") or "{}")
+    if options.get("pid-namespace") == "1":
+        _pid_namespace_init()
+    channel = Channel(options["channel"])
+    channel.send(
+        {"type": "hello", "protocol": PROTOCOL_VERSION, "report": probe(probe_config)}
+    )
+    frame = channel.receive()
+    if frame.get("type") != "run":
+        # Abort (or anything that is not a run): nothing is compiled, nothing executes.
+        os._exit(0)
+    apply_limits(frame.get("limits") or {})
+    result = run_program(channel, frame)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    frame = {
+        "type": "result",
+        "outcome": result["outcome"],
+        "value_json": result.get("value_json"),
+        "error": result.get("error"),
+        "detail": result.get("detail"),
+    }
+    with channel.lock:
+        channel.send(frame)
+    # Threads the program left running must not hold the process open after its result.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

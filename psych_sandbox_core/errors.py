@@ -1,0 +1,149 @@
+"""Exceptions raised by psych-sandbox, and the closed set of failure kinds.
+
+Only misuse of the API and impossible configuration raise. A program's failure is never
+an exception: it is an :class:`ExecutionError` carried as data on the result.
+
+Exception tree::
+
+    SandboxError
+    ├── ConfigurationError          impossible or invalid configuration, found at load
+    │   ├── UnknownProfileError     a profile name nothing is registered under
+    │   ├── UnknownBackendError     a backend id no installed plugin provides
+    │   └── InterpreterNotFoundError  an interpreter that cannot be resolved
+    ├── SandboxClosedError          run() called after close()
+    └── ProtocolViolation           internal: a child broke the wire protocol
+                                    (never escapes the host; becomes protocol_error)
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class SandboxError(Exception):
+    """Root of every exception psych-sandbox raises."""
+
+
+class ConfigurationError(SandboxError):
+    """Configuration that can never work; raised when it is loaded, not at the first run."""
+
+
+class UnknownProfileError(ConfigurationError):
+    """A profile name nothing is registered under."""
+
+
+class UnknownBackendError(ConfigurationError):
+    """A backend id that no installed plugin provides."""
+
+
+class InterpreterNotFoundError(ConfigurationError):
+    """The configured interpreter cannot be resolved to an absolute, runnable path."""
+
+
+class SandboxClosedError(SandboxError):
+    """The sandbox was used after it was closed."""
+
+
+class ProtocolViolation(SandboxError):
+    """The child sent something the protocol does not allow. Never escapes the host."""
+
+
+class ErrorKind(str, enum.Enum):
+    """Why an execution failed. A closed set: a model can branch on it."""
+
+    # What the program did.
+    EXCEPTION = "exception"
+    TIMEOUT = "timeout"
+    ABORT = "abort"
+    WORKER_EXIT = "worker_exit"
+    INVALID_OUTPUT = "invalid_output"
+    OUTPUT_LIMIT = "output_limit"
+    MEMORY_LIMIT = "memory_limit"
+    PROTOCOL_ERROR = "protocol_error"
+    # What the deployment could not do for it.
+    ISOLATION_UNAVAILABLE = "isolation_unavailable"
+    NETWORK_NOT_ALLOWED = "network_not_allowed"
+    BACKEND_NOT_READY = "backend_not_ready"
+    POLICY_REFUSED = "policy_refused"
+    CANCELLED = "cancelled"
+    PROVIDER_ERROR = "provider_error"
+    ARTIFACTS_UNAVAILABLE = "artifacts_unavailable"
+
+
+_NOT_YOUR_PROGRAM = (
+    "The program was never the problem: this is a limit of the deployment, not of your code. "
+    "Do not rewrite the program to work around it."
+)
+
+GUIDANCE: dict[ErrorKind, str] = {
+    ErrorKind.EXCEPTION: (
+        "Your program raised an exception. Read the traceback: its line numbers are lines of "
+        "your program. Fix the cause and run it again."
+    ),
+    ErrorKind.TIMEOUT: (
+        "Your program ran out of time (CPU or wall clock). Make it do less work, avoid "
+        "unbounded loops, or process the data in smaller pieces."
+    ),
+    ErrorKind.ABORT: (
+        "The execution was stopped before your program ran, so nothing it does was executed. "
+        "The message says why."
+    ),
+    ErrorKind.WORKER_EXIT: (
+        "The process running your program exited abruptly (for example os._exit, a signal, or "
+        "a crash in native code). Avoid exiting the interpreter; return a value instead."
+    ),
+    ErrorKind.INVALID_OUTPUT: (
+        "Your program's return value could not be sent back. Return only JSON-serialisable data "
+        "(dict, list, str, int, float, bool, None)."
+    ),
+    ErrorKind.OUTPUT_LIMIT: (
+        "Your program produced more output than is allowed. Print or return a summary "
+        "instead of the whole data."
+    ),
+    ErrorKind.MEMORY_LIMIT: (
+        "Your program used more memory than is allowed. Process the data in smaller pieces or "
+        "use less memory-hungry structures."
+    ),
+    ErrorKind.PROTOCOL_ERROR: (
+        "Your program interfered with the sandbox's private control channel, so the execution "
+        "was ended. Do not read or write the sandbox's file descriptors."
+    ),
+    ErrorKind.ISOLATION_UNAVAILABLE: (
+        "The sandbox could not provide the isolation this execution requires, so it did not "
+        "run (or its output was withheld). " + _NOT_YOUR_PROGRAM
+    ),
+    ErrorKind.NETWORK_NOT_ALLOWED: (
+        "Network access was requested but is not allowed here, so the program did not run. "
+        "Fetch data through the tools you were given instead. " + _NOT_YOUR_PROGRAM
+    ),
+    ErrorKind.BACKEND_NOT_READY: (
+        "The sandbox backend is not ready on this host (not installed or not working). "
+        + _NOT_YOUR_PROGRAM
+    ),
+    ErrorKind.POLICY_REFUSED: (
+        "Policy does not allow this execution. " + _NOT_YOUR_PROGRAM
+    ),
+    ErrorKind.CANCELLED: (
+        "The execution was cancelled from outside before it finished. " + _NOT_YOUR_PROGRAM
+    ),
+    ErrorKind.PROVIDER_ERROR: (
+        "The remote execution provider failed. " + _NOT_YOUR_PROGRAM
+    ),
+    ErrorKind.ARTIFACTS_UNAVAILABLE: (
+        "Output had to be preserved but no storage was available to preserve it, so the "
+        "result was not returned. " + _NOT_YOUR_PROGRAM
+    ),
+}
+
+#: Kinds that say something about the deployment rather than the program.
+DEPLOYMENT_KINDS = frozenset(
+    {
+        ErrorKind.ISOLATION_UNAVAILABLE,
+        ErrorKind.NETWORK_NOT_ALLOWED,
+        ErrorKind.BACKEND_NOT_READY,
+        ErrorKind.POLICY_REFUSED,
+        ErrorKind.CANCELLED,
+        ErrorKind.PROVIDER_ERROR,
+        ErrorKind.ARTIFACTS_UNAVAILABLE,
+    }
+)

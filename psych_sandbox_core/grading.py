@@ -1,0 +1,213 @@
+"""Guarantees, grades and the one function that turns grades into a level.
+
+A backend never states its level: it states which mechanisms it applied, the child reports
+what it observes, and :func:`grade` turns both into a grade per guarantee. :func:`level_of`
+is the only place a level is computed. The table is in docs/levels.md.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+from .protocol.frames import ContainmentReport
+
+
+class Guarantee(str, enum.Enum):
+    FILESYSTEM = "filesystem"
+    NETWORK = "network"
+    PROCESS_TREE = "process_tree"
+    IDENTITY = "identity"
+    CPU = "cpu"
+    MEMORY = "memory"
+    FILE_SIZE = "file_size"
+    PROCESS_COUNT = "process_count"
+    WALL_CLOCK = "wall_clock"
+    ENVIRONMENT = "environment"
+
+
+class Grade(str, enum.Enum):
+    #: A mechanism whose boundary was applied and whose evidence agrees.
+    ENFORCED = "enforced"
+    #: Requested and not contradicted: a weaker claim, on purpose.
+    UNVERIFIED = "unverified"
+    #: Not offered here, or contradicted by evidence.
+    UNAVAILABLE = "unavailable"
+
+
+_GRADE_ORDER = {Grade.UNAVAILABLE: 0, Grade.UNVERIFIED: 1, Grade.ENFORCED: 2}
+
+
+def weaker(a: Grade, b: Grade) -> Grade:
+    return a if _GRADE_ORDER[a] <= _GRADE_ORDER[b] else b
+
+
+def at_least(grade: Grade, floor: Grade) -> bool:
+    return _GRADE_ORDER[grade] >= _GRADE_ORDER[floor]
+
+
+class Level(str, enum.Enum):
+    ISOLATED = "isolated"
+    PROCESS = "process"
+    NONE = "none"
+
+
+_LEVEL_ORDER = {Level.NONE: 0, Level.PROCESS: 1, Level.ISOLATED: 2}
+
+
+def level_at_least(level: Level, floor: Level) -> bool:
+    return _LEVEL_ORDER[level] >= _LEVEL_ORDER[floor]
+
+
+#: Guarantees that must be enforced for the isolated level: the kernel boundary itself.
+ISOLATED_ENFORCED = frozenset(
+    {
+        Guarantee.FILESYSTEM,
+        Guarantee.NETWORK,
+        Guarantee.PROCESS_TREE,
+        Guarantee.IDENTITY,
+        Guarantee.WALL_CLOCK,
+        Guarantee.ENVIRONMENT,
+    }
+)
+#: Guarantees that must not be unavailable for the process level.
+PROCESS_REQUIRED = frozenset(
+    {Guarantee.CPU, Guarantee.WALL_CLOCK, Guarantee.ENVIRONMENT, Guarantee.PROCESS_TREE}
+)
+
+
+Grades = Mapping[Guarantee, Grade]
+
+
+def level_of(grades: Grades) -> Level:
+    """The level the grades earn. The only place a level is computed."""
+
+    def get(guarantee: Guarantee) -> Grade:
+        return grades.get(guarantee, Grade.UNAVAILABLE)
+
+    if all(get(g) is Grade.ENFORCED for g in ISOLATED_ENFORCED) and all(
+        get(g) is not Grade.UNAVAILABLE for g in Guarantee
+    ):
+        return Level.ISOLATED
+    if all(get(g) is not Grade.UNAVAILABLE for g in PROCESS_REQUIRED):
+        return Level.PROCESS
+    return Level.NONE
+
+
+class Mechanisms(BaseModel):
+    """What a backend applied for one execution. Claims, to be checked against evidence."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: A mount namespace or container: nothing of the host is there unless bound in.
+    filesystem_boundary: bool = False
+    #: Some weaker filesystem confinement (e.g. a deny-list profile).
+    filesystem_confinement: bool = False
+    #: A network namespace or --network=none.
+    network_namespace: bool = False
+    #: A pid namespace, cgroup or job object: descendants cannot outlive teardown.
+    process_tree_boundary: bool = False
+    #: Only a process group: a descendant that calls setsid can escape it.
+    process_group: bool = True
+    #: The program runs as an identity other than the host's, without capabilities.
+    unprivileged_identity: bool = False
+    #: The child sets rlimits on itself (CPU, address space, file size, process count).
+    rlimits: bool = True
+    #: A memory cap enforced from outside the process (cgroup, job object).
+    memory_cgroup: bool = False
+    #: A process-count cap enforced from outside (pids cgroup).
+    pids_cgroup: bool = False
+    #: The host's wall-clock timer kills the tree.
+    wall_clock: bool = True
+    #: The environment is built from an allow-list.
+    environment_allow_list: bool = True
+
+
+def _limit(report: ContainmentReport, name: str) -> tuple[int, int] | None:
+    for item in report.limits:
+        if item.name == name:
+            return item.soft, item.hard
+    return None
+
+
+def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -> dict[
+    Guarantee, Grade
+]:
+    """Grade each guarantee from what the backend applied and what the child observed.
+
+    Evidence is asymmetric: evidence of exposure always wins (unavailable), evidence of
+    absence earns enforced only where the backend's boundary makes the question moot.
+    """
+    grades: dict[Guarantee, Grade] = {}
+
+    # Filesystem: a readable canary proves exposure whatever the mechanism claims.
+    if report.canary_readable is True:
+        grades[Guarantee.FILESYSTEM] = Grade.UNAVAILABLE
+    elif mechanisms.filesystem_boundary and report.canary_readable is False:
+        grades[Guarantee.FILESYSTEM] = Grade.ENFORCED
+    elif mechanisms.filesystem_confinement or mechanisms.filesystem_boundary:
+        grades[Guarantee.FILESYSTEM] = Grade.UNVERIFIED
+    else:
+        grades[Guarantee.FILESYSTEM] = Grade.UNAVAILABLE
+
+    # Network: a connection, or an interface that is up, proves exposure.
+    network = report.network
+    exposed = (
+        "connected" in (network.ipv4, network.ipv6) or bool(network.interfaces_up)
+    )
+    probed = network.ipv4 != "skipped" and network.ipv6 != "skipped"
+    if exposed:
+        grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
+    elif mechanisms.network_namespace and probed:
+        grades[Guarantee.NETWORK] = Grade.ENFORCED
+    elif mechanisms.network_namespace:
+        grades[Guarantee.NETWORK] = Grade.UNVERIFIED
+    else:
+        grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
+
+    # Process tree.
+    if mechanisms.process_tree_boundary:
+        grades[Guarantee.PROCESS_TREE] = Grade.ENFORCED
+    elif mechanisms.process_group:
+        grades[Guarantee.PROCESS_TREE] = Grade.UNVERIFIED
+    else:
+        grades[Guarantee.PROCESS_TREE] = Grade.UNAVAILABLE
+
+    # Identity: the child must not be root, nor the host's own account, nor hold capabilities.
+    no_caps = report.capabilities is not None and int(report.capabilities or "0", 16) == 0
+    foreign_identity = report.euid != 0 and (report.euid != host_uid or host_uid == 0)
+    if report.euid == 0 and not no_caps:
+        grades[Guarantee.IDENTITY] = Grade.UNAVAILABLE
+    elif mechanisms.unprivileged_identity and no_caps and foreign_identity:
+        grades[Guarantee.IDENTITY] = Grade.ENFORCED
+    elif mechanisms.unprivileged_identity and report.euid != 0:
+        grades[Guarantee.IDENTITY] = Grade.UNVERIFIED
+    else:
+        grades[Guarantee.IDENTITY] = Grade.UNAVAILABLE
+
+    # Resource limits the child applies to itself after the handshake: requested, and
+    # contradicted only if the inherited hard limit could not be lowered (never happens) —
+    # so unverified unless enforced from outside.
+    rlimit = Grade.UNVERIFIED if mechanisms.rlimits else Grade.UNAVAILABLE
+    grades[Guarantee.CPU] = rlimit if _limit(report, "CPU") is not None else Grade.UNAVAILABLE
+    memory = Grade.ENFORCED if mechanisms.memory_cgroup else rlimit
+    grades[Guarantee.MEMORY] = memory if (
+        mechanisms.memory_cgroup or _limit(report, "AS") is not None
+    ) else Grade.UNAVAILABLE
+    grades[Guarantee.FILE_SIZE] = rlimit if _limit(report, "FSIZE") is not None else (
+        Grade.UNAVAILABLE
+    )
+    pids = Grade.ENFORCED if mechanisms.pids_cgroup else rlimit
+    grades[Guarantee.PROCESS_COUNT] = pids if (
+        mechanisms.pids_cgroup or _limit(report, "NPROC") is not None
+    ) else Grade.UNAVAILABLE
+
+    grades[Guarantee.WALL_CLOCK] = (
+        Grade.ENFORCED if mechanisms.wall_clock else Grade.UNAVAILABLE
+    )
+    grades[Guarantee.ENVIRONMENT] = (
+        Grade.ENFORCED if mechanisms.environment_allow_list else Grade.UNAVAILABLE
+    )
+    return grades

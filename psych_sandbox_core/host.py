@@ -1,0 +1,420 @@
+"""Drives one execution: probe targets, launch, handshake, program, calls, result, teardown.
+
+Everything the child sends is hostile. The host decides, from the child's report and its own
+evidence, whether the program may run at all; only then does it send the program.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import anyio
+from anyio.abc import ByteReceiveStream, SocketListener
+
+from .backend import Backend, BackendUnavailable, Launched, LaunchRequest, ProbeTargets
+from .bindings import BindingProvider, CallServer
+from .channel import FrameChannel
+from .errors import ErrorKind, ProtocolViolation
+from .grading import Grade, Guarantee, Level, grade, level_at_least, level_of
+from .output import StreamCapture
+from .process import ExitStatus
+from .protocol import (
+    PROTOCOL_VERSION,
+    AbortFrame,
+    CallFrame,
+    ChildLimits,
+    HelloFrame,
+    ResultFrame,
+    RunFrame,
+)
+from .result import BackendIdentity, ExecutionFailure, ExecutionResult, StreamOutput, Usage
+from .terms import ExecutionLimits
+
+#: How long a child may take to connect and report before the host gives up on it. Start-up
+#: of a container runtime is the slowest case we know of (a few seconds cold).
+HANDSHAKE_SECONDS = 30.0
+#: After teardown, how long the host keeps draining output a dying tree may still flush.
+DRAIN_AFTER_EXIT_SECONDS = 2.0
+
+
+@lru_cache(maxsize=1)
+def bootstrap_source() -> str:
+    """The child-side bootstrap, passed to the interpreter as ``-c`` source."""
+    return resources.files(__package__).joinpath("bootstrap.py").read_text(encoding="utf-8")
+
+
+def child_environment(temp_dir: str) -> dict[str, str]:
+    """The child's whole environment: built from an allow-list, never copied."""
+    return {"TMPDIR": temp_dir}
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """The narrowed terms of one execution (see terms.py and profiles.py)."""
+
+    source: str
+    limits: ExecutionLimits
+    profile: str
+    backend_identity: BackendIdentity
+    #: The level the backend claimed at selection; a weaker report withholds the output.
+    claimed_level: Level
+    #: The lowest level this execution may run at.
+    required_level: Level = Level.NONE
+    #: Whether the program was granted network access.
+    network_allowed: bool = False
+    tools: Sequence[str] = ()
+    bindings: BindingProvider | None = None
+
+
+@dataclass
+class _State:
+    grades: dict[Guarantee, Grade] = field(default_factory=dict)
+    refusal: ExecutionFailure | None = None
+    result: ResultFrame | None = None
+    violation: str | None = None
+    timed_out: bool = False
+    ran: bool = False
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ProbeHarness:
+    """Host-side evidence for one execution: a canary outside any workspace and loopback
+    listeners on both address families that count every connection they see."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self._dir: str | None = None
+        self._listeners: list[SocketListener] = []
+        self.targets: ProbeTargets | None = None
+
+    @asynccontextmanager
+    async def active(self) -> AsyncIterator[ProbeHarness]:
+        self._dir = tempfile.mkdtemp(prefix="psych-canary-")
+        try:
+            os.chmod(self._dir, 0o755)
+            canary = os.path.join(self._dir, "canary")
+            with open(canary, "w") as fh:
+                fh.write("psych-sandbox canary: reading this proves filesystem exposure\n")
+            # World-readable on purpose: only a real filesystem boundary can hide it.
+            os.chmod(canary, 0o644)
+            ports: dict[str, int | None] = {"4": None, "6": None}
+            async with anyio.create_task_group() as tg:
+                for family, host in (("4", "127.0.0.1"), ("6", "::1")):
+                    try:
+                        listener = await anyio.create_tcp_listener(
+                            local_host=host, local_port=0, family=(
+                                socket.AF_INET if family == "4" else socket.AF_INET6
+                            )
+                        )
+                    except OSError:
+                        continue  # no such address family on this host: nothing to reach
+                    self._listeners.append(listener)
+                    ports[family] = listener.extra(anyio.abc.SocketAttribute.local_port)
+                    tg.start_soon(self._count, listener)
+                self.targets = ProbeTargets(
+                    canary_path=canary, port4=ports["4"], port6=ports["6"], host_pid=os.getpid()
+                )
+                try:
+                    yield self
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            for listener in self._listeners:
+                await listener.aclose()
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    async def _count(self, listener: SocketListener) -> None:
+        async def on_connection(stream: anyio.abc.SocketStream) -> None:
+            self.connections += 1
+            await stream.aclose()
+
+        try:
+            await listener.serve(on_connection)
+        except anyio.ClosedResourceError:
+            return
+
+
+async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
+    """Run one program to a result. A program's failure is data; this does not raise for it."""
+    started = time.monotonic()
+    stdout = StreamCapture(plan.limits.stdout_bytes)
+    stderr = StreamCapture(plan.limits.stderr_bytes)
+    state = _State()
+    status: ExitStatus | None = None
+    failure: ExecutionFailure | None = None
+    try:
+        async with ProbeHarness().active() as harness:
+            assert harness.targets is not None
+            request = LaunchRequest(
+                bootstrap_source=bootstrap_source(),
+                probe=harness.targets,
+                limits=plan.limits,
+            )
+            try:
+                async with backend.launch(request) as launched:
+                    status = await _supervise(launched, plan, state, stdout, stderr, harness)
+            except BackendUnavailable as exc:
+                failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))
+            if harness.connections and state.grades:
+                # Host-side evidence outranks anything the child said about itself.
+                state.grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
+    except anyio.get_cancelled_exc_class():
+        raise
+    wall = time.monotonic() - started
+    if failure is None:
+        failure = _classify(plan, state, status)
+    withheld = failure is not None and failure.kind in (
+        ErrorKind.ISOLATION_UNAVAILABLE,
+        ErrorKind.NETWORK_NOT_ALLOWED,
+    )
+    value: Any = None
+    if failure is None and state.result is not None and state.result.value_json is not None:
+        import json
+
+        value = json.loads(state.result.value_json)
+    return ExecutionResult(
+        stdout="" if withheld else stdout.text(),
+        stderr="" if withheld else stderr.text(),
+        stdout_info=_stream_info(stdout, withheld),
+        stderr_info=_stream_info(stderr, withheld),
+        return_value=value,
+        error=failure,
+        level=level_of(state.grades).value if state.grades else Level.NONE.value,
+        grades={g.value: state.grades[g].value for g in Guarantee if g in state.grades},
+        usage=Usage(
+            wall_seconds=round(wall, 6),
+            cpu_seconds=None if status is None else status.cpu_seconds,
+            peak_memory_bytes=None if status is None else status.peak_memory_bytes,
+            measured_by="none" if status is None or status.cpu_seconds is None else "host",
+        ),
+        profile=plan.profile,
+        backend=plan.backend_identity,
+        calls=state.calls,
+    )
+
+
+def _stream_info(capture: StreamCapture, withheld: bool) -> StreamOutput:
+    if withheld:
+        return StreamOutput(text="", total_bytes=0, captured_bytes=0, dropped_bytes=0)
+    return StreamOutput(
+        text="",
+        total_bytes=capture.total_bytes,
+        captured_bytes=capture.total_bytes - capture.dropped_bytes,
+        dropped_bytes=capture.dropped_bytes,
+    )
+
+
+async def _supervise(
+    launched: Launched,
+    plan: ExecutionPlan,
+    state: _State,
+    stdout: StreamCapture,
+    stderr: StreamCapture,
+    harness: ProbeHarness,
+) -> ExitStatus:
+    drained = [anyio.Event(), anyio.Event()]
+
+    async def drain(capture: StreamCapture, stream: ByteReceiveStream, done: anyio.Event) -> None:
+        try:
+            await capture.drain(stream)
+        finally:
+            done.set()
+
+    async with anyio.create_task_group() as drains:
+        drains.start_soon(drain, stdout, launched.stdout, drained[0])
+        drains.start_soon(drain, stderr, launched.stderr, drained[1])
+        try:
+            with anyio.move_on_after(plan.limits.wall_seconds) as wall:
+                try:
+                    await _converse(launched, plan, state, harness)
+                except ProtocolViolation as exc:
+                    state.violation = str(exc)
+                else:
+                    await launched.wait_exited()
+            if wall.cancelled_caught:
+                state.timed_out = True
+                await launched.terminate(plan.limits.grace_seconds)
+        finally:
+            with anyio.CancelScope(shield=True):
+                status = await launched.finish()
+                # Every process is gone; what they wrote is flushed. Bound the wait anyway:
+                # a descendant that escaped the tree must not hold the host.
+                with anyio.move_on_after(DRAIN_AFTER_EXIT_SECONDS):
+                    for event in drained:
+                        await event.wait()
+                drains.cancel_scope.cancel()
+    return status
+
+
+async def _converse(
+    launched: Launched, plan: ExecutionPlan, state: _State, harness: ProbeHarness
+) -> None:
+    with anyio.fail_after(HANDSHAKE_SECONDS):
+        stream = await launched.channel.accept()
+    channel = FrameChannel(stream)
+    try:
+        with anyio.fail_after(HANDSHAKE_SECONDS):
+            hello = await channel.receive()
+        if hello is None:
+            raise _EarlyExit()
+        if not isinstance(hello, HelloFrame):
+            raise ProtocolViolation(f"expected a hello frame first, got {hello.type!r}")
+        if hello.protocol != PROTOCOL_VERSION:
+            raise ProtocolViolation(
+                f"child speaks protocol {hello.protocol}, host speaks {PROTOCOL_VERSION}"
+            )
+        state.grades = grade(launched.mechanisms, hello.report, host_uid=os.getuid())
+        if harness.connections:
+            state.grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
+        refusal = _refusal(plan, state.grades)
+        if refusal is not None:
+            state.refusal = refusal
+            await channel.send(AbortFrame(reason=refusal.message))
+            return
+        calls = CallServer(plan.bindings, plan.tools)
+        await channel.send(
+            RunFrame(
+                source=plan.source,
+                tools=list(plan.tools),
+                limits=ChildLimits(
+                    cpu_seconds=plan.limits.cpu_seconds,
+                    memory_bytes=plan.limits.memory_bytes,
+                    file_size_bytes=plan.limits.file_size_bytes,
+                    processes=plan.limits.processes,
+                    return_value_bytes=plan.limits.return_value_bytes,
+                ),
+            )
+        )
+        state.ran = True
+        try:
+            while True:
+                frame = await channel.receive()
+                if frame is None:
+                    return
+                if isinstance(frame, CallFrame):
+                    await channel.send(await calls.answer(frame))
+                elif isinstance(frame, ResultFrame):
+                    state.result = frame
+                    return
+                else:
+                    raise ProtocolViolation(f"unexpected {frame.type!r} frame after the handshake")
+        finally:
+            state.calls = calls.record
+    except _EarlyExit:
+        return
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        return  # the child went away; its exit status says how
+    finally:
+        with anyio.CancelScope(shield=True):
+            await channel.aclose()
+
+
+class _EarlyExit(Exception):
+    pass
+
+
+def _refusal(plan: ExecutionPlan, grades: dict[Guarantee, Grade]) -> ExecutionFailure | None:
+    level = level_of(grades)
+    if not plan.network_allowed and grades.get(Guarantee.NETWORK) is Grade.UNAVAILABLE and (
+        level_at_least(plan.required_level, Level.ISOLATED)
+    ):
+        return ExecutionFailure.of(
+            ErrorKind.ISOLATION_UNAVAILABLE,
+            "the sandbox could not deny network access, which this execution requires",
+        )
+    if not level_at_least(level, plan.required_level):
+        return ExecutionFailure.of(
+            ErrorKind.ISOLATION_UNAVAILABLE,
+            f"this execution requires the {plan.required_level.value} level but the backend "
+            f"reached only {level.value} ({_weak_grades(grades)})",
+        )
+    if not level_at_least(level, plan.claimed_level):
+        return ExecutionFailure.of(
+            ErrorKind.ISOLATION_UNAVAILABLE,
+            f"the backend claimed the {plan.claimed_level.value} level at selection but its "
+            f"report reached only {level.value} ({_weak_grades(grades)}); not running under "
+            "weaker terms",
+        )
+    return None
+
+
+def _weak_grades(grades: dict[Guarantee, Grade]) -> str:
+    weak = [f"{g.value}={grades[g].value}" for g in Guarantee if grades.get(g) is not Grade.ENFORCED]
+    return ", ".join(weak) or "all enforced"
+
+
+def _classify(
+    plan: ExecutionPlan, state: _State, status: ExitStatus | None
+) -> ExecutionFailure | None:
+    if state.refusal is not None:
+        return state.refusal
+    if state.violation is not None:
+        return ExecutionFailure.of(ErrorKind.PROTOCOL_ERROR, state.violation)
+    if state.grades and not level_at_least(level_of(state.grades), plan.claimed_level):
+        # Evidence gathered while the program ran (a listener saw a connection) weakened the
+        # terms after the fact: the output is withheld.
+        return ExecutionFailure.of(
+            ErrorKind.ISOLATION_UNAVAILABLE,
+            "evidence gathered during the run showed weaker isolation than the backend "
+            f"claimed ({_weak_grades(state.grades)}); the output is withheld",
+        )
+    if state.timed_out:
+        return ExecutionFailure.of(
+            ErrorKind.TIMEOUT,
+            f"the program exceeded its wall-clock limit of {plan.limits.wall_seconds:g} s "
+            "and was killed",
+        )
+    result = state.result
+    if result is not None:
+        if result.outcome == "returned":
+            return None
+        if result.outcome == "raised" and result.error is not None:
+            error = result.error
+            kind = ErrorKind.MEMORY_LIMIT if error.type == "MemoryError" else ErrorKind.EXCEPTION
+            return ExecutionFailure.of(
+                kind,
+                f"{error.type}: {error.message}" if error.message else error.type,
+                traceback=error.traceback,
+                line=error.line,
+                column=error.column,
+                exception_type=error.type,
+            )
+        kind = (
+            ErrorKind.INVALID_OUTPUT if result.outcome == "invalid_output" else ErrorKind.OUTPUT_LIMIT
+        )
+        return ExecutionFailure.of(kind, result.detail or result.outcome)
+    if not state.ran:
+        how = status.describe() if status is not None else "did not start"
+        return ExecutionFailure.of(
+            ErrorKind.WORKER_EXIT, f"the sandboxed interpreter {how} before the handshake"
+        )
+    if status is not None and _cpu_exhausted(status, plan.limits):
+        return ExecutionFailure.of(
+            ErrorKind.TIMEOUT,
+            f"the program exceeded its CPU limit of {plan.limits.cpu_seconds} s and was killed",
+        )
+    how = status.describe() if status is not None else "ended"
+    return ExecutionFailure.of(
+        ErrorKind.WORKER_EXIT, f"the process running the program {how} before returning a result"
+    )
+
+
+def _cpu_exhausted(status: ExitStatus, limits: ExecutionLimits) -> bool:
+    if status.signal == signal.SIGXCPU:
+        return True
+    return (
+        status.signal == signal.SIGKILL
+        and status.cpu_seconds is not None
+        and status.cpu_seconds >= limits.cpu_seconds
+    )

@@ -1,0 +1,163 @@
+"""Spawning, waiting for and tearing down one child process tree (POSIX).
+
+Used by every backend that runs a local process (subprocess, bwrap). The child gets its own
+session and process group, stdin closed, stdout and stderr on socket pairs that the host
+drains, and is waited for with a pidfd where the kernel has one (cancellable, no thread).
+Teardown is SIGTERM to the group, a grace window, SIGKILL to the group, and always a reap.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import SocketStream
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    #: Exit code, or None when a signal ended the process.
+    code: int | None
+    #: The signal that ended the process, if one did.
+    signal: int | None
+    #: CPU seconds of the process and every descendant it reaped, measured by the kernel.
+    cpu_seconds: float | None
+    #: Largest resident set of the process or any reaped descendant, in bytes.
+    peak_memory_bytes: int | None
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            return f"killed by {name}"
+        return f"exited with status {self.code}"
+
+
+class ManagedProcess:
+    """One spawned child whose whole process group the host owns."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stdout: SocketStream, stderr: SocketStream):
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self._exited = False
+        self._status: ExitStatus | None = None
+
+    @classmethod
+    async def spawn(
+        cls,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        pass_fds: Sequence[int] = (),
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> ManagedProcess:
+        out_host, out_child = socket.socketpair()
+        err_host, err_child = socket.socketpair()
+        try:
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out_child.fileno(),
+                stderr=err_child.fileno(),
+                env=env,
+                cwd=cwd,
+                pass_fds=tuple(pass_fds),
+                close_fds=True,
+                start_new_session=True,
+                preexec_fn=preexec_fn,  # noqa: PLW1509 - runs only async-signal-safe work
+            )
+        except BaseException:
+            for sock in (out_host, out_child, err_host, err_child):
+                sock.close()
+            raise
+        finally:
+            out_child.close()
+            err_child.close()
+        # The child never writes to these directions; shutting them makes intent explicit.
+        out_host.shutdown(socket.SHUT_WR)
+        err_host.shutdown(socket.SHUT_WR)
+        stdout = SocketStream.from_socket(out_host)
+        stderr = SocketStream.from_socket(err_host)
+        return cls(popen, await stdout, await stderr)
+
+    async def wait_exited(self) -> None:
+        """Return once the direct child has exited, without reaping it (its pid stays ours)."""
+        if self._exited:
+            return
+        if hasattr(os, "pidfd_open"):
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except OSError:
+                pidfd = -1
+            if pidfd >= 0:
+                try:
+                    while not self._peek_exited():
+                        await anyio.wait_readable(pidfd)
+                finally:
+                    os.close(pidfd)
+                self._exited = True
+                return
+        # Without pidfds: a worker thread blocks in waitid; abandoned on cancel, it returns
+        # when teardown kills the child.
+        await anyio.to_thread.run_sync(self._block_until_exited, abandon_on_cancel=True)
+        self._exited = True
+
+    def _peek_exited(self) -> bool:
+        info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return info is not None
+
+    def _block_until_exited(self) -> None:
+        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+
+    def signal_group(self, signum: int) -> None:
+        # The direct child is unreaped until reap(), so its pid is also still the group id and
+        # cannot have been recycled.
+        if self._status is not None:
+            return
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    async def terminate(self, grace_seconds: float) -> None:
+        """SIGTERM the group, wait out the grace window, then SIGKILL the group."""
+        self.signal_group(signal.SIGTERM)
+        with anyio.move_on_after(grace_seconds):
+            await self.wait_exited()
+        self.signal_group(signal.SIGKILL)
+
+    async def kill_and_reap(self) -> ExitStatus:
+        """SIGKILL whatever is left of the group, then reap the direct child. Idempotent."""
+        if self._status is not None:
+            return self._status
+        self.signal_group(signal.SIGKILL)
+        with anyio.CancelScope(shield=True):
+            await self.wait_exited()
+        pid, status, rusage = os.wait4(self.pid, 0)
+        self._popen.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from reaping
+        code = os.waitstatus_to_exitcode(status)
+        # ru_maxrss is KiB on Linux, bytes on macOS.
+        scale = 1 if sys.platform == "darwin" else 1024
+        self._status = ExitStatus(
+            code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            cpu_seconds=rusage.ru_utime + rusage.ru_stime,
+            peak_memory_bytes=rusage.ru_maxrss * scale,
+        )
+        return self._status
+
+    async def aclose(self) -> None:
+        await self.kill_and_reap()
+        await self.stdout.aclose()
+        await self.stderr.aclose()

@@ -1,0 +1,151 @@
+"""The frame vocabulary of the wire protocol (see docs/protocol.md). No I/O here.
+
+Frames from the child are hostile: each is rebuilt field by field through strict models
+(no coercion, extra fields forbidden, finite numbers only) in a discriminated union on
+``type``. Frames the host sends are built from the same kind of models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .limits import (
+    MAX_CALL_ID,
+    MAX_SOURCE_BYTES,
+    MAX_TEXT_CHARS,
+    MAX_TOOL_NAME_CHARS,
+    MAX_TOOLS,
+    PROTOCOL_VERSION,
+)
+
+
+class Frame(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+ShortText = Annotated[str, Field(max_length=4096)]
+CallId = Annotated[int, Field(ge=0, le=MAX_CALL_ID)]
+ToolName = Annotated[str, Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)]
+NonNegative = Annotated[int, Field(ge=-1, le=2**63)]
+
+# ---------------------------------------------------------------- child -> host
+
+
+class RLimitObservation(Frame):
+    """One resource limit as the child sees it; -1 means unlimited."""
+
+    name: Annotated[str, Field(max_length=32)]
+    soft: NonNegative
+    hard: NonNegative
+
+
+ProbeOutcome = Literal["connected", "refused", "unreachable", "skipped"]
+
+
+class NetworkObservation(Frame):
+    ipv4: ProbeOutcome
+    ipv6: ProbeOutcome
+    #: Names of non-loopback interfaces that are up.
+    interfaces_up: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=256)]
+
+
+class ContainmentReport(Frame):
+    """What the child observes of its own containment, before any program runs."""
+
+    uid: int
+    euid: int
+    gid: int
+    pid: int
+    #: None when the host planted no canary.
+    canary_readable: bool | None
+    network: NetworkObservation
+    limits: Annotated[list[RLimitObservation], Field(max_length=32)]
+    #: Effective capability mask as reported by the kernel (hex), None where not observable.
+    capabilities: Annotated[str | None, Field(max_length=32)]
+    #: Whether this process can see a process it did not start (host processes visible).
+    sees_foreign_processes: bool | None
+    python: ShortText
+    platform: ShortText
+
+
+class HelloFrame(Frame):
+    type: Literal["hello"]
+    protocol: int
+    report: ContainmentReport
+
+
+class CallFrame(Frame):
+    type: Literal["call"]
+    id: CallId
+    name: ToolName
+    arguments: dict[str, Any]
+
+
+class ProgramError(Frame):
+    """An uncaught exception in the program, frames already filtered to the model's."""
+
+    type: Annotated[str, Field(max_length=256)]
+    message: Text
+    traceback: Text
+    line: Annotated[int, Field(ge=0)] | None
+    column: Annotated[int, Field(ge=0)] | None
+
+
+ResultOutcome = Literal["returned", "raised", "invalid_output", "output_limit"]
+
+
+class ResultFrame(Frame):
+    type: Literal["result"]
+    outcome: ResultOutcome
+    #: The return value as JSON text (null when the program returned nothing).
+    value_json: str | None
+    error: ProgramError | None
+    #: Human-readable explanation for invalid_output / output_limit.
+    detail: Text | None
+
+
+ChildFrame = Annotated[HelloFrame | CallFrame | ResultFrame, Field(discriminator="type")]
+
+# ---------------------------------------------------------------- host -> child
+
+
+class ChildLimits(Frame):
+    """Limits the child applies to itself after the handshake; None means leave as inherited."""
+
+    cpu_seconds: int | None
+    memory_bytes: int | None
+    file_size_bytes: int | None
+    processes: int | None
+    return_value_bytes: int
+
+
+class RunFrame(Frame):
+    type: Literal["run"] = "run"
+    source: Annotated[str, Field(max_length=MAX_SOURCE_BYTES)]
+    tools: Annotated[list[ToolName], Field(max_length=MAX_TOOLS)]
+    limits: ChildLimits
+
+
+class AbortFrame(Frame):
+    type: Literal["abort"] = "abort"
+    reason: Text
+
+
+class ReplyFrame(Frame):
+    type: Literal["reply"] = "reply"
+    id: CallId
+    #: "value": value_json holds the whole result; "handle": handle names a stored result
+    #: to read with read_tool_output; "error": error_kind and message say why not.
+    carries: Literal["value", "handle", "error"]
+    value_json: str | None = None
+    handle: dict[str, Any] | None = None
+    error_kind: str | None = None
+    message: str | None = None
+
+
+HostFrame = Annotated[RunFrame | AbortFrame | ReplyFrame, Field(discriminator="type")]
+
+PROTOCOL = PROTOCOL_VERSION

@@ -1,0 +1,50 @@
+"""Every ceiling of the wire protocol, each with the reason for its number.
+
+Pure constants: no I/O. The bootstrap keeps its own copies (it is stdlib-only and must not
+import this package); a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+#: Version spoken by this host and the bootstrap shipped beside it.
+PROTOCOL_VERSION = 1
+
+#: Largest frame the host accepts from a child, in bytes, newline included. A child frame
+#: carries either the containment report (a few KB), one binding call (its arguments are
+#: separately capped by the budget, a few MB at most) or the result (the return value is
+#: capped by configuration, tens of KB by default). 16 MiB leaves room for every configured
+#: cap we allow while bounding what a hostile child can make the host buffer.
+MAX_CHILD_FRAME_BYTES = 16 * 1024 * 1024
+
+#: Largest frame the host sends to a child. The run frame carries the program source and the
+#: tool names; a reply carries one binding result under the per-call result ceiling.
+MAX_HOST_FRAME_BYTES = 64 * 1024 * 1024
+
+#: Bytes of framing around a JSON-encoded return value inside a result frame. A configured
+#: return-value cap plus this must fit in MAX_CHILD_FRAME_BYTES; the value travels as JSON
+#: text inside a JSON string, so escaping can grow it up to 6x (a control character as \\u00XX).
+RESULT_FRAME_OVERHEAD_BYTES = 1024 * 1024
+JSON_STRING_ESCAPE_FACTOR = 6
+
+#: Longest program source accepted in a run frame (a model writes programs, not data dumps).
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
+
+#: Most tool names one execution can be offered, and the longest name. An MCP server may hold
+#: hundreds of tools; a few thousand bounds the run frame without limiting real agents.
+MAX_TOOLS = 4096
+MAX_TOOL_NAME_CHARS = 256
+
+#: Longest free-text field (messages, tracebacks, type names) the host keeps from a child.
+MAX_TEXT_CHARS = 256 * 1024
+
+#: Call ids are JSON integers; bounding them keeps them exact in every JSON implementation.
+MAX_CALL_ID = 2**53 - 1
+
+#: Frames a child may send in one execution: hello, calls and result. A child that
+#: sends more than its call budget plus a margin is spamming the channel.
+MAX_FRAMES_MARGIN = 16
+
+
+def max_return_value_bytes() -> int:
+    """Largest return-value cap a configuration may set and still fit in one frame."""
+    return (MAX_CHILD_FRAME_BYTES - RESULT_FRAME_OVERHEAD_BYTES) // JSON_STRING_ESCAPE_FACTOR

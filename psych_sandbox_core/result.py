@@ -1,0 +1,90 @@
+"""What an execution hands back: output, return value, usage, grades and a typed failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import GUIDANCE, ErrorKind
+
+
+class ExecutionFailure(BaseModel):
+    """Why an execution failed. Data for the model, never an exception."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: ErrorKind
+    message: str
+    guidance: str
+    traceback: str | None = None
+    #: Line and column in the model's own program text, where one applies.
+    line: int | None = None
+    column: int | None = None
+    #: The exception's type name for kind=exception.
+    exception_type: str | None = None
+
+    @classmethod
+    def of(cls, kind: ErrorKind, message: str, **extra: Any) -> ExecutionFailure:
+        return cls(kind=kind, message=message, guidance=GUIDANCE[kind], **extra)
+
+
+class StreamOutput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    #: Bytes the program wrote to the stream in all.
+    total_bytes: int
+    #: Bytes the host kept (at most the capture cap).
+    captured_bytes: int
+    #: Bytes written past the capture cap and not kept.
+    dropped_bytes: int
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    wall_seconds: float
+    #: CPU of the whole process tree as the kernel accounted it to the host; None if not
+    #: measured.
+    cpu_seconds: float | None
+    #: Largest resident set of any process in the tree; None if not measured.
+    peak_memory_bytes: int | None
+    #: Who measured cpu and memory: "host" (kernel accounting to the host) or "none".
+    measured_by: str
+
+
+class BackendIdentity(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    distribution: str | None
+    version: str | None
+
+
+class ExecutionResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    stdout: str
+    stderr: str
+    stdout_info: StreamOutput
+    stderr_info: StreamOutput
+    #: The program's return value (JSON data); None when it returned nothing or failed.
+    return_value: Any = None
+    error: ExecutionFailure | None
+    #: The level the grades earn, and the grades themselves.
+    level: str
+    grades: dict[str, str] = Field(default_factory=dict)
+    usage: Usage
+    profile: str
+    backend: BackendIdentity
+    #: Binding calls the program made (name, outcome, bytes), in order.
+    calls: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json_object(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json")
+        return data

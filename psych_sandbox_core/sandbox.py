@@ -1,0 +1,190 @@
+"""The public API: a Sandbox runs one program per call under a named profile."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import anyio
+
+from .backend import Backend
+from .bindings import BindingProvider
+from .errors import ConfigurationError, SandboxClosedError, UnknownProfileError
+from .grading import Level, level_at_least
+from .host import ExecutionPlan, execute
+from .profiles import DEFAULT_PROFILE, DeploymentConfig, ProfileConfig
+from .registry import BackendRegistry
+from .result import BackendIdentity, ExecutionResult
+from .terms import ExecutionLimits
+
+_LEVEL_RANK = {Level.ISOLATED: 0, Level.PROCESS: 1, Level.NONE: 2}
+
+
+@dataclasses.dataclass
+class _LoadedProfile:
+    name: str
+    config: ProfileConfig
+    backend: Backend
+    identity: BackendIdentity
+
+
+class Sandbox:
+    """Runs untrusted programs. One fresh process per :meth:`run`; nothing survives a run.
+
+    Use as ``async with Sandbox() as sandbox: result = await sandbox.run(source)``.
+    """
+
+    def __init__(
+        self,
+        config: DeploymentConfig | None = None,
+        *,
+        registry: BackendRegistry | None = None,
+    ) -> None:
+        self.config = config or DeploymentConfig()
+        self.registry = registry or BackendRegistry()
+        self._loaded: dict[str, _LoadedProfile] = {}
+        self._lock = anyio.Lock()
+        self._closed = False
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    def profile_names(self) -> list[str]:
+        names = set(self.config.profiles) | {DEFAULT_PROFILE} | set(self.registry.ids())
+        return sorted(names)
+
+    async def run(
+        self,
+        source: str,
+        *,
+        profile: str = DEFAULT_PROFILE,
+        timeout: float | None = None,
+        bindings: BindingProvider | None = None,
+    ) -> ExecutionResult:
+        """Run one program. Raises only for misuse (closed sandbox) or configuration."""
+        if self._closed:
+            raise SandboxClosedError("run() called on a closed Sandbox")
+        if not isinstance(source, str):
+            raise TypeError("source must be a str")
+        loaded = await self._load(profile)
+        limits = loaded.config.limits
+        if timeout is not None:
+            if not timeout > 0:
+                raise ValueError("timeout must be a positive number of seconds")
+            limits = limits.model_copy(update={"wall_seconds": min(limits.wall_seconds, timeout)})
+        tools: list[str] = []
+        if bindings is not None:
+            tools = [spec.name for spec in await bindings.list_tools() if not spec.may_suspend]
+        plan = ExecutionPlan(
+            source=source,
+            limits=limits,
+            profile=loaded.name,
+            backend_identity=loaded.identity,
+            claimed_level=type(loaded.backend).claims,
+            required_level=loaded.config.required_level,
+            network_allowed=False,
+            tools=tools,
+            bindings=bindings,
+        )
+        return await execute(loaded.backend, plan)
+
+    async def _load(self, name: str) -> _LoadedProfile:
+        if name in self._loaded:
+            return self._loaded[name]
+        async with self._lock:
+            if name in self._loaded:
+                return self._loaded[name]
+            config = self.config.profiles.get(name)
+            if config is None:
+                if name == DEFAULT_PROFILE:
+                    config = ProfileConfig()
+                elif name in self.registry.ids():
+                    config = ProfileConfig(backend=name)
+                else:
+                    raise UnknownProfileError(
+                        f"no profile named {name!r} is configured; known profiles: "
+                        f"{', '.join(self.profile_names())}"
+                    )
+            if config.backend is None:
+                if name != DEFAULT_PROFILE:
+                    raise ConfigurationError(f"profile {name!r} names no backend")
+                backend_id = await self.strongest_working_backend()
+            else:
+                backend_id = config.backend
+            backend = self.registry.create(backend_id, dict(config.options))
+            registered = self.registry.get(backend_id)
+            loaded = _LoadedProfile(
+                name,
+                config,
+                backend,
+                BackendIdentity(
+                    id=backend_id,
+                    distribution=registered.distribution,
+                    version=registered.version,
+                ),
+            )
+            self._loaded[name] = loaded
+            return loaded
+
+    async def strongest_working_backend(self) -> str:
+        """Run a trivial program on each installed backend, strongest claim first, and pick
+        the first whose report reaches its claim. Remembered for the process."""
+        cached = _SELECTED.get(id(self.registry))
+        if cached is not None:
+            return cached
+        candidates = sorted(
+            self.registry.ids(), key=lambda i: _LEVEL_RANK[self.registry.get(i).cls.claims]
+        )
+        reasons: list[str] = []
+        for backend_id in candidates:
+            reason = await trial(self.registry, backend_id)
+            if reason is None:
+                _SELECTED[id(self.registry)] = backend_id
+                return backend_id
+            reasons.append(f"{backend_id}: {reason}")
+        raise ConfigurationError(
+            "no installed backend works on this host: " + "; ".join(reasons)
+        )
+
+
+_SELECTED: dict[int, str] = {}
+_TRIALS: dict[tuple[int, str], str | None] = {}
+
+
+async def trial(registry: BackendRegistry, backend_id: str) -> str | None:
+    """Why ``backend_id`` does not work here (None when a trial execution reached its claim)."""
+    key = (id(registry), backend_id)
+    if key in _TRIALS:
+        return _TRIALS[key]
+    reason: str | None
+    try:
+        backend = registry.create(backend_id, {})
+    except ConfigurationError as exc:
+        reason = str(exc)
+    else:
+        reason = backend.unavailable_reason()
+        if reason is None:
+            registered = registry.get(backend_id)
+            plan = ExecutionPlan(
+                source="None",
+                limits=ExecutionLimits(wall_seconds=60.0),
+                profile="<trial>",
+                backend_identity=BackendIdentity(
+                    id=backend_id,
+                    distribution=registered.distribution,
+                    version=registered.version,
+                ),
+                claimed_level=registered.cls.claims,
+            )
+            result = await execute(backend, plan)
+            if result.error is not None:
+                reason = f"{result.error.kind.value}: {result.error.message}"
+            elif not level_at_least(Level(result.level), registered.cls.claims):
+                reason = f"reached only the {result.level} level"
+    _TRIALS[key] = reason
+    return reason
