@@ -7,7 +7,6 @@
 #
 # Imports are kept to what every run needs; asyncio and traceback load only when used,
 # because interpreter start-up is most of an execution's latency.
-# ruff: noqa: PLC0415
 import ast
 import json
 import os
@@ -391,7 +390,9 @@ def build_program(source):
     for statement in body:
         walker.visit(statement)
     if walker.yields:
-        first = next(n for s in body for n in ast.walk(s) if isinstance(n, (ast.Yield, ast.YieldFrom)))
+        first = next(
+            n for s in body for n in ast.walk(s) if isinstance(n, (ast.Yield, ast.YieldFrom))
+        )
         raise SyntaxError(
             "'yield' outside function",
             (PROGRAM_FILENAME, first.lineno, first.col_offset + 1, None),
@@ -619,12 +620,14 @@ def _exit_like(pid):
     if code > 128:
         code = 128 - code  # init's encoding of "the program died of signal code-128"
     if code < 0:
+        import resource
         import signal
 
-        import resource
-
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        signal.signal(-code, signal.SIG_DFL)
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP cannot be handled, nor need to be
         os.kill(os.getpid(), -code)
     os._exit(code)
 

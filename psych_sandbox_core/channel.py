@@ -37,7 +37,7 @@ class ChannelListener(ABC):
     async def accept(self) -> ByteStream:
         """Wait for the child to connect; the caller bounds this with a deadline."""
 
-    def after_spawn(self) -> None:
+    def after_spawn(self) -> None:  # noqa: B027 - most transports have nothing to release
         """Release what only the child needed (e.g. our copy of its inherited descriptor)."""
 
     @abstractmethod
@@ -91,7 +91,7 @@ class UnixSocketChannel(ChannelListener):
 
     async def accept(self) -> ByteStream:
         assert self._listener is not None, "open() first"
-        stream = await self._listener.accept()
+        stream: SocketStream = await self._listener.accept()
         # One connection per execution: nobody else gets to connect afterwards.
         await self._listener.aclose()
         return stream
@@ -111,8 +111,11 @@ class LoopbackTokenChannel(ChannelListener):
         self.child_spec = ""
 
     async def open(self) -> None:
-        self._listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-        port = self._listener.extra(anyio.abc.SocketAttribute.local_port)
+        multi = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        listener = multi.listeners[0]
+        assert isinstance(listener, SocketListener)
+        self._listener = listener
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
         self.child_spec = f"tcp:127.0.0.1:{port}:{self._token}"
 
     async def accept(self) -> ByteStream:
@@ -177,7 +180,9 @@ class FrameChannel:
             ) from None
         except anyio.IncompleteRead:
             if self._buffered.buffer:
-                raise ProtocolViolation("child closed the channel in the middle of a frame") from None
+                raise ProtocolViolation(
+                    "child closed the channel in the middle of a frame"
+                ) from None
             return None
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             return None

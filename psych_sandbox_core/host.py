@@ -20,7 +20,7 @@ from importlib import resources
 from typing import Any
 
 import anyio
-from anyio.abc import ByteReceiveStream, SocketListener
+from anyio.abc import ByteReceiveStream, Listener, SocketStream
 
 from .backend import Backend, BackendUnavailable, Launched, LaunchRequest, ProbeTargets
 from .bindings import BindingProvider, CallServer
@@ -95,7 +95,7 @@ class ProbeHarness:
     def __init__(self) -> None:
         self.connections = 0
         self._dir: str | None = None
-        self._listeners: list[SocketListener] = []
+        self._listeners: list[Listener[SocketStream]] = []
         self.targets: ProbeTargets | None = None
 
     @asynccontextmanager
@@ -112,7 +112,7 @@ class ProbeHarness:
             async with anyio.create_task_group() as tg:
                 for family, host in (("4", "127.0.0.1"), ("6", "::1")):
                     try:
-                        listener = await anyio.create_tcp_listener(
+                        listener: Listener[SocketStream] = await anyio.create_tcp_listener(
                             local_host=host, local_port=0, family=(
                                 socket.AF_INET if family == "4" else socket.AF_INET6
                             )
@@ -134,8 +134,8 @@ class ProbeHarness:
                 await listener.aclose()
             shutil.rmtree(self._dir, ignore_errors=True)
 
-    async def _count(self, listener: SocketListener) -> None:
-        async def on_connection(stream: anyio.abc.SocketStream) -> None:
+    async def _count(self, listener: Listener[SocketStream]) -> None:
+        async def on_connection(stream: SocketStream) -> None:
             self.connections += 1
             await stream.aclose()
 
@@ -206,9 +206,8 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
 
 def _stream_info(capture: StreamCapture, withheld: bool) -> StreamOutput:
     if withheld:
-        return StreamOutput(text="", total_bytes=0, captured_bytes=0, dropped_bytes=0)
+        return StreamOutput(total_bytes=0, captured_bytes=0, dropped_bytes=0)
     return StreamOutput(
-        text="",
         total_bytes=capture.total_bytes,
         captured_bytes=capture.total_bytes - capture.dropped_bytes,
         dropped_bytes=capture.dropped_bytes,
@@ -350,7 +349,9 @@ def _refusal(plan: ExecutionPlan, grades: dict[Guarantee, Grade]) -> ExecutionFa
 
 
 def _weak_grades(grades: dict[Guarantee, Grade]) -> str:
-    weak = [f"{g.value}={grades[g].value}" for g in Guarantee if grades.get(g) is not Grade.ENFORCED]
+    weak = [
+        f"{g.value}={grades[g].value}" for g in Guarantee if grades.get(g) is not Grade.ENFORCED
+    ]
     return ", ".join(weak) or "all enforced"
 
 
@@ -390,9 +391,9 @@ def _classify(
                 column=error.column,
                 exception_type=error.type,
             )
-        kind = (
-            ErrorKind.INVALID_OUTPUT if result.outcome == "invalid_output" else ErrorKind.OUTPUT_LIMIT
-        )
+        kind = ErrorKind.OUTPUT_LIMIT
+        if result.outcome == "invalid_output":
+            kind = ErrorKind.INVALID_OUTPUT
         return ExecutionFailure.of(kind, result.detail or result.outcome)
     if not state.ran:
         how = status.describe() if status is not None else "did not start"

@@ -75,7 +75,7 @@ class ManagedProcess:
                 pass_fds=tuple(pass_fds),
                 close_fds=True,
                 start_new_session=True,
-                preexec_fn=preexec_fn,  # noqa: PLW1509 - runs only async-signal-safe work
+                preexec_fn=preexec_fn,
             )
         except BaseException:
             for sock in (out_host, out_child, err_host, err_child):
@@ -144,7 +144,7 @@ class ManagedProcess:
         self.signal_group(signal.SIGKILL)
         with anyio.CancelScope(shield=True):
             await self.wait_exited()
-        pid, status, rusage = os.wait4(self.pid, 0)
+        _, status, rusage = os.wait4(self.pid, 0)
         self._popen.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from reaping
         code = os.waitstatus_to_exitcode(status)
         # ru_maxrss is KiB on Linux, bytes on macOS.

@@ -32,7 +32,6 @@ class ExecutionFailure(BaseModel):
 class StreamOutput(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    text: str
     #: Bytes the program wrote to the stream in all.
     total_bytes: int
     #: Bytes the host kept (at most the capture cap).

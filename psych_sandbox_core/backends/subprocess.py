@@ -246,7 +246,7 @@ def namespace_flags(interpreter: str, is_root: bool) -> int:
     try:
         subprocess.run(
             [interpreter, "-I", "-S", "-c", "pass"],
-            preexec_fn=trial,  # noqa: PLW1509
+            preexec_fn=trial,
             check=True,
             env={},
             stdin=subprocess.DEVNULL,

@@ -1,0 +1,134 @@
+"""The ``psych-sandbox`` command.
+
+Exit status: 0 when the program succeeded, 1 when it failed, 2 for usage or configuration
+errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from .errors import ConfigurationError
+from .result import ExecutionResult
+from .sandbox import Sandbox
+
+EXIT_OK = 0
+EXIT_PROGRAM_FAILED = 1
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="psych-sandbox",
+        description="Run an untrusted Python program in an isolated sandbox.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run one program and report its result")
+    run.add_argument("file", help="the program's source file, or - for standard input")
+    run.add_argument("--profile", default="default", help="profile name (default: default)")
+    run.add_argument(
+        "--timeout", type=float, default=None, help="wall-clock limit in seconds (narrows only)"
+    )
+    run.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    handler = _COMMANDS[args.command]
+    try:
+        return handler(args)
+    except ConfigurationError as exc:
+        print(f"psych-sandbox: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _read_source(name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    try:
+        with open(name, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise _UsageError(f"cannot read {name}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise _UsageError(f"{name} is not UTF-8 text") from None
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _command_run(args: argparse.Namespace) -> int:
+    try:
+        source = _read_source(args.file)
+    except _UsageError as exc:
+        print(f"psych-sandbox: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.timeout is not None and not args.timeout > 0:
+        print("psych-sandbox: --timeout must be a positive number", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def run() -> ExecutionResult:
+        async with Sandbox() as sandbox:
+            return await sandbox.run(source, profile=args.profile, timeout=args.timeout)
+
+    result = anyio.run(run)
+    if args.json:
+        print(json.dumps(result_as_json(result)))
+    else:
+        print_summary(result)
+    return EXIT_OK if result.ok else EXIT_PROGRAM_FAILED
+
+
+def result_as_json(result: ExecutionResult) -> dict[str, Any]:
+    return result.to_json_object()
+
+
+def print_summary(result: ExecutionResult) -> None:
+    out = sys.stdout
+    if result.stdout:
+        out.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+    if result.stderr:
+        sys.stderr.write(result.stderr if result.stderr.endswith("\n") else result.stderr + "\n")
+    info = result.stdout_info
+    if info.dropped_bytes:
+        out.write(f"[stdout: {info.dropped_bytes} bytes past the capture cap were dropped]\n")
+    print("---", file=out)
+    if result.error is None:
+        print(f"returned: {json.dumps(result.return_value)}", file=out)
+    else:
+        error = result.error
+        print(f"failed: {error.kind.value}: {error.message}", file=out)
+        if error.traceback:
+            out.write(error.traceback if error.traceback.endswith("\n") else error.traceback + "\n")
+        print(f"guidance: {error.guidance}", file=out)
+    usage = result.usage
+    cpu = "not measured" if usage.cpu_seconds is None else f"{usage.cpu_seconds:.3f} s"
+    memory = (
+        "not measured"
+        if usage.peak_memory_bytes is None
+        else f"{usage.peak_memory_bytes / 1048576:.1f} MiB"
+    )
+    print(
+        f"profile {result.profile} · backend {result.backend.id} · level {result.level} · "
+        f"wall {usage.wall_seconds:.3f} s · cpu {cpu} · peak memory {memory}",
+        file=out,
+    )
+
+
+_COMMANDS = {"run": _command_run}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
