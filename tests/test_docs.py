@@ -1,0 +1,25 @@
+"""The embedding guide's example is real code: run it and check what it claims."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anyio
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_embedding_guide_example_runs_and_matches_its_claimed_output() -> None:
+    text = (DOCS / "embedding.md").read_text()
+    (example,) = _python_blocks(text)
+    namespace: dict[str, object] = {"__name__": "embedding_example"}
+    exec(compile(example, "embedding.md", "exec"), namespace)
+    transcript = anyio.run(namespace["agent_loop"])  # type: ignore[arg-type]
+    claimed = re.search(r"What the loop sees:\n\n```\n(.*?)```", text, flags=re.S)
+    assert claimed is not None
+    assert transcript == claimed.group(1).strip().splitlines()
