@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import from_json
 
 from ..errors import ProtocolViolation
 from .frames import ChildFrame, HostFrame
@@ -28,13 +32,33 @@ def decode_child_frame(line: bytes) -> ChildFrame:
             f"child frame of {len(line)} bytes exceeds the {MAX_CHILD_FRAME_BYTES}-byte ceiling"
         )
     try:
-        return _CHILD_FRAMES.validate_json(line, strict=True)
+        # Parsed apart from validation so no non-finite number can ride inside an untyped
+        # field (a tool's arguments): NaN/Infinity literals are refused by the parser, and an
+        # overflowing literal such as 1e999 (parsed as infinity) by the walk.
+        parsed = from_json(line, allow_inf_nan=False, cache_strings=False)
+        _refuse_non_finite(parsed)
+    except ValueError as exc:
+        raise ProtocolViolation(f"malformed frame from child: {exc}") from None
+    try:
+        return _CHILD_FRAMES.validate_python(parsed, strict=True)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in err['loc']) or '<frame>'}: {err['msg']}"
             for err in exc.errors(include_url=False, include_input=False)[:5]
         )
         raise ProtocolViolation(f"malformed frame from child: {problems}") from None
+
+
+def _refuse_non_finite(value: Any) -> None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("non-finite number in frame")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def decode_host_frame(line: bytes) -> HostFrame:

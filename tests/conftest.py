@@ -1,0 +1,152 @@
+"""Shared fixtures: a sandbox on the subprocess backend, private temp dirs, host-side probes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+
+PROFILE = "test"
+
+#: Small budgets so a test that needs a timeout reaches it quickly.
+FAST_LIMITS: dict[str, Any] = {"cpu_seconds": 5, "wall_seconds": 30.0, "grace_seconds": 0.5}
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def config(
+    *, options: dict[str, Any] | None = None, required_level: Any = None, **limits: Any
+) -> DeploymentConfig:
+    """A deployment with one profile, ``test``, on the subprocess backend."""
+    extra: dict[str, Any] = {}
+    if required_level is not None:
+        extra["required_level"] = required_level
+    return DeploymentConfig(
+        profiles={
+            PROFILE: ProfileConfig(
+                backend="subprocess",
+                options=options or {},
+                limits=ExecutionLimits(**{**FAST_LIMITS, **limits}),
+                **extra,
+            )
+        }
+    )
+
+
+async def run(source: str, **limits: Any) -> Any:
+    """Run one program under the test profile with the given limits."""
+    async with Sandbox(config(**limits)) as sandbox:
+        return await sandbox.run(source, profile=PROFILE)
+
+
+@pytest.fixture
+def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Point the host's temp dir at a fresh directory, so what an execution leaves behind
+    is visible there and not mixed with anyone else's files."""
+    root = Path(tempfile.mkdtemp(prefix="psych-test-tmp-"))
+    # The program runs as another uid; it must be able to reach its workspace below here.
+    os.chmod(root, 0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    try:
+        yield root
+    finally:
+        monkeypatch.undo()
+        _force_remove(root)
+
+
+def _force_remove(root: Path) -> None:
+    from psych_sandbox_core.workspace import remove_tree
+
+    remove_tree(str(root))
+
+
+def open_fds() -> set[str]:
+    """What each of this process's descriptors points at, by number."""
+    out = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out.add(f"{name}->{os.readlink(f'/proc/self/fd/{name}')}")
+        except OSError:
+            continue  # the descriptor listdir itself used
+    return out
+
+
+def marker() -> str:
+    """A string unique to one test, to find its processes in /proc."""
+    return f"psych-marker-{uuid.uuid4().hex}"
+
+
+def pids_with(mark: str) -> list[int]:
+    """Live (non-zombie) processes whose command line contains ``mark``, seen from the host."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if mark.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+async def wait_for_pids(mark: str, *, present: bool, deadline: float = 20.0) -> list[int]:
+    """Poll /proc until processes carrying ``mark`` appear (or are all gone). There is no
+    event to wait on for a process we did not spawn ourselves, so this polls with a deadline."""
+    with anyio.fail_after(deadline):
+        while True:
+            pids = pids_with(mark)
+            if bool(pids) == present:
+                return pids
+            await anyio.sleep(0.02)
+
+
+def sleeper_argv_source(mark: str) -> str:
+    """Program text for an argv that runs a long-lived interpreter carrying ``mark``."""
+    return f"[sys.executable, '-c', 'import time\\nwhile True: time.sleep(1)', {mark!r}]"
+
+
+def host_rss_peak_reset() -> bool:
+    """Reset this process's peak RSS counter (VmHWM); False where the kernel does not allow."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def host_rss_peak() -> int:
+    """This process's peak resident set, in bytes."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def host_rss() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    async with Sandbox(config()) as box:
+        yield box
