@@ -132,6 +132,17 @@ def _limit(report: ContainmentReport, name: str) -> tuple[int, int] | None:
     return None
 
 
+def _no_capabilities(mask: str | None) -> bool:
+    """True only for a mask that parses and is zero: the report is hostile input, and a mask
+    that cannot be read is no evidence of having none."""
+    if not mask:
+        return False
+    try:
+        return int(mask, 16) == 0
+    except ValueError:
+        return False
+
+
 def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -> dict[
     Guarantee, Grade
 ]:
@@ -176,7 +187,7 @@ def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -
         grades[Guarantee.PROCESS_TREE] = Grade.UNAVAILABLE
 
     # Identity: the child must not be root, nor the host's own account, nor hold capabilities.
-    no_caps = report.capabilities is not None and int(report.capabilities or "0", 16) == 0
+    no_caps = _no_capabilities(report.capabilities)
     foreign_identity = report.euid != 0 and (report.euid != host_uid or host_uid == 0)
     if report.euid == 0 and not no_caps:
         grades[Guarantee.IDENTITY] = Grade.UNAVAILABLE
