@@ -75,6 +75,8 @@ class ExecutionPlan:
     network_allowed: bool = False
     tools: Sequence[str] = ()
     bindings: BindingProvider | None = None
+    #: A refusal decided before launch (narrowing): the child is answered with abort.
+    refusal: ExecutionFailure | None = None
 
 
 @dataclass
@@ -190,7 +192,7 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
         stderr_info=_stream_info(stderr, withheld),
         return_value=value,
         error=failure,
-        level=level_of(state.grades).value if state.grades else Level.NONE.value,
+        level=level_of(state.grades).value,
         grades={g.value: state.grades[g].value for g in Guarantee if g in state.grades},
         usage=Usage(
             wall_seconds=round(wall, 6),
@@ -324,6 +326,8 @@ class _EarlyExit(Exception):
 
 
 def _refusal(plan: ExecutionPlan, grades: dict[Guarantee, Grade]) -> ExecutionFailure | None:
+    if plan.refusal is not None:
+        return plan.refusal
     level = level_of(grades)
     if not plan.network_allowed and grades.get(Guarantee.NETWORK) is Grade.UNAVAILABLE and (
         level_at_least(plan.required_level, Level.ISOLATED)

@@ -11,6 +11,7 @@ from .bindings import BindingProvider
 from .errors import ConfigurationError, SandboxClosedError, UnknownProfileError
 from .grading import Level, level_at_least
 from .host import ExecutionPlan, execute
+from .narrowing import BackendCapability, ExecutionRequest, TenantPolicy, narrow, request_for
 from .profiles import DEFAULT_PROFILE, DeploymentConfig, ProfileConfig
 from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
@@ -62,21 +63,32 @@ class Sandbox:
         self,
         source: str,
         *,
-        profile: str = DEFAULT_PROFILE,
+        profile: str | None = None,
         timeout: float | None = None,
         bindings: BindingProvider | None = None,
+        request: ExecutionRequest | None = None,
+        policy: TenantPolicy | None = None,
     ) -> ExecutionResult:
-        """Run one program. Raises only for misuse (closed sandbox) or configuration."""
+        """Run one program. Raises only for misuse (closed sandbox) or configuration.
+
+        The terms are the intersection of the backend's capability, ``policy``, ``request``
+        (``timeout`` is a shortcut that narrows its wall clock) and the profile's caps. A
+        request that cannot be met is a refusal on the result, never an exception.
+        """
         if self._closed:
             raise SandboxClosedError("run() called on a closed Sandbox")
         if not isinstance(source, str):
             raise TypeError("source must be a str")
-        loaded = await self._load(profile)
-        limits = loaded.config.limits
-        if timeout is not None:
-            if not timeout > 0:
-                raise ValueError("timeout must be a positive number of seconds")
-            limits = limits.model_copy(update={"wall_seconds": min(limits.wall_seconds, timeout)})
+        request = request_for(request, profile, timeout)
+        loaded = await self._load(request.profile)
+        terms = narrow(
+            BackendCapability.of(type(loaded.backend)),
+            policy or TenantPolicy(),
+            request,
+            loaded.name,
+            loaded.config,
+        )
+        limits = terms.limits
         tools: list[str] = []
         if bindings is not None:
             tools = [spec.name for spec in await bindings.list_tools() if not spec.may_suspend]
@@ -86,8 +98,9 @@ class Sandbox:
             profile=loaded.name,
             backend_identity=loaded.identity,
             claimed_level=type(loaded.backend).claims,
-            required_level=loaded.config.required_level,
-            network_allowed=False,
+            required_level=terms.required_level,
+            network_allowed=terms.network,
+            refusal=terms.refusal,
             tools=tools,
             bindings=bindings,
         )
