@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .grading import Level
 from .terms import ExecutionLimits
@@ -30,7 +31,31 @@ class ProfileConfig(BaseModel):
     allow_network: bool = False
 
 
+#: A profile name is used on command lines and in specs: keep it plain.
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
 class DeploymentConfig(BaseModel):
+    """A deployment's profiles. Installed backends are profiles of their own name too, with
+    default settings, unless a profile here takes the name."""
+
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+
+    @field_validator("profiles")
+    @classmethod
+    def _names_and_backends(cls, profiles: dict[str, ProfileConfig]) -> dict[str, ProfileConfig]:
+        for name, profile in profiles.items():
+            if not PROFILE_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a valid profile name (letters, digits, '_', '.', '-'; "
+                    "at most 128)"
+                )
+            if profile.backend is None and name != DEFAULT_PROFILE:
+                raise ValueError(f"profile {name!r} names no backend (only 'default' may omit it)")
+            if profile.backend is None and profile.options:
+                raise ValueError(
+                    f"profile {name!r} has options but no backend; options belong to a backend"
+                )
+        return profiles

@@ -6,13 +6,14 @@ import dataclasses
 
 import anyio
 
-from .backend import Backend
+from .backend import Availability, Backend
 from .bindings import BindingProvider
+from .config import ConfigSource, check_backends, resolve_config
 from .errors import ConfigurationError, SandboxClosedError, UnknownProfileError
 from .grading import Level, level_at_least
 from .host import ExecutionPlan, execute
 from .narrowing import BackendCapability, ExecutionRequest, TenantPolicy, narrow, request_for
-from .profiles import DEFAULT_PROFILE, DeploymentConfig, ProfileConfig
+from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
 from .terms import ExecutionLimits
@@ -36,12 +37,15 @@ class Sandbox:
 
     def __init__(
         self,
-        config: DeploymentConfig | None = None,
+        config: ConfigSource = None,
         *,
         registry: BackendRegistry | None = None,
     ) -> None:
-        self.config = config or DeploymentConfig()
+        # A DeploymentConfig, a TOML path, or None (then $PSYCH_SANDBOX_CONFIG, if set).
+        # Invalid configuration fails here, at construction, not at the first run.
+        self.config = resolve_config(config)
         self.registry = registry or BackendRegistry()
+        check_backends(self.config, self.registry)
         self._loaded: dict[str, _LoadedProfile] = {}
         self._lock = anyio.Lock()
         self._closed = False
@@ -147,17 +151,18 @@ class Sandbox:
     async def strongest_working_backend(self) -> str:
         """Run a trivial program on each installed backend, strongest claim first, and pick
         the first whose report reaches its claim. Remembered for the process."""
-        cached = _SELECTED.get(id(self.registry))
-        if cached is not None:
-            return cached
         candidates = sorted(
             self.registry.ids(), key=lambda i: _LEVEL_RANK[self.registry.get(i).cls.claims]
         )
+        key = tuple(self.registry.get(i).cls for i in candidates)
+        cached = _SELECTED.get(key)
+        if cached is not None:
+            return cached
         reasons: list[str] = []
         for backend_id in candidates:
             reason = await trial(self.registry, backend_id)
             if reason is None:
-                _SELECTED[id(self.registry)] = backend_id
+                _SELECTED[key] = backend_id
                 return backend_id
             reasons.append(f"{backend_id}: {reason}")
         raise ConfigurationError(
@@ -165,15 +170,25 @@ class Sandbox:
         )
 
 
-_SELECTED: dict[int, str] = {}
-_TRIALS: dict[tuple[int, str], str | None] = {}
+#: Keyed by backend classes, not by registry, so the answer is the process's: a trial runs a
+#: real execution and the host does not change under a running process.
+_SELECTED: dict[tuple[type[Backend], ...], str] = {}
+_TRIALS: dict[type[Backend], Availability] = {}
 
 
 async def trial(registry: BackendRegistry, backend_id: str) -> str | None:
     """Why ``backend_id`` does not work here (None when a trial execution reached its claim)."""
-    key = (id(registry), backend_id)
-    if key in _TRIALS:
-        return _TRIALS[key]
+    return (await availability(registry, backend_id)).reason
+
+
+async def availability(registry: BackendRegistry, backend_id: str) -> Availability:
+    """Whether ``backend_id`` works here, found by running a trivial program on it with
+    default settings; its level and grades are the trial's. Remembered for the process."""
+    registered = registry.get(backend_id)
+    cached = _TRIALS.get(registered.cls)
+    if cached is not None:
+        return cached
+    result: ExecutionResult | None = None
     reason: str | None
     try:
         backend = registry.create(backend_id, {})
@@ -182,7 +197,6 @@ async def trial(registry: BackendRegistry, backend_id: str) -> str | None:
     else:
         reason = backend.unavailable_reason()
         if reason is None:
-            registered = registry.get(backend_id)
             plan = ExecutionPlan(
                 source="None",
                 limits=ExecutionLimits(wall_seconds=60.0),
@@ -199,5 +213,11 @@ async def trial(registry: BackendRegistry, backend_id: str) -> str | None:
                 reason = f"{result.error.kind.value}: {result.error.message}"
             elif not level_at_least(Level(result.level), registered.cls.claims):
                 reason = f"reached only the {result.level} level"
-    _TRIALS[key] = reason
-    return reason
+    outcome = Availability(
+        available=reason is None,
+        reason=reason,
+        level=None if result is None or not result.grades else Level(result.level),
+        grades=dict(result.grades) if result is not None else {},
+    )
+    _TRIALS[registered.cls] = outcome
+    return outcome
