@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 
+from .doctor import command_doctor, command_profiles
 from .errors import ConfigurationError
 from .result import ExecutionResult
 from .sandbox import Sandbox
@@ -36,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=None, help="wall-clock limit in seconds (narrows only)"
     )
     run.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    doctor = commands.add_parser("doctor", help="what this host can promise: backends, grades")
+    doctor.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    profiles = commands.add_parser("profiles", help="list the configured profiles")
+    profiles.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    for command in (run, doctor, profiles):
+        command.add_argument(
+            "--config", default=None, help="deployment configuration file (TOML); default: "
+            "$PSYCH_SANDBOX_CONFIG if set"
+        )
     return parser
 
 
@@ -80,7 +90,7 @@ def _command_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     async def run() -> ExecutionResult:
-        async with Sandbox() as sandbox:
+        async with Sandbox(args.config) as sandbox:
             return await sandbox.run(source, profile=args.profile, timeout=args.timeout)
 
     result = anyio.run(run)
@@ -127,7 +137,15 @@ def print_summary(result: ExecutionResult) -> None:
     )
 
 
-_COMMANDS = {"run": _command_run}
+def _command_doctor(args: argparse.Namespace) -> int:
+    return command_doctor(args.config, args.json)
+
+
+def _command_profiles(args: argparse.Namespace) -> int:
+    return command_profiles(args.config, args.json)
+
+
+_COMMANDS = {"run": _command_run, "doctor": _command_doctor, "profiles": _command_profiles}
 
 
 if __name__ == "__main__":
