@@ -1,0 +1,480 @@
+"""The bwrap backend: each execution in fresh Linux namespaces made by bubblewrap.
+
+User, pid, ipc, uts, mount, network (and cgroup where the kernel has it) namespaces are
+unshared; nothing of the host is mounted except the system directories the interpreter needs,
+read-only; the workspace, /tmp and /dev/shm are size-capped tmpfs mounts that vanish with the
+mount namespace. The program runs as an unprivileged uid with no capabilities and no new
+privileges. When the host runs as root, bwrap itself is started as an unprivileged host uid:
+a user namespace made by root maps the sandbox onto host root, which owns (and may write)
+the kernel's settings under /proc/sys even without capabilities.
+
+Usage is not measured: bwrap's monitor learns the exit status of its pid-namespace init
+through an eventfd and exits without reaping it, so the kernel's accounting of the tree never
+reaches the host's wait4 (see README.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, ClassVar
+
+import anyio
+from psych_sandbox_core import hookspecs
+from psych_sandbox_core.backend import (
+    Backend,
+    BackendOptions,
+    BackendUnavailable,
+    Launched,
+    LaunchRequest,
+)
+from psych_sandbox_core.channel import InheritedSocketChannel
+from psych_sandbox_core.errors import ConfigurationError, InterpreterNotFoundError
+from psych_sandbox_core.grading import Level, Mechanisms
+from psych_sandbox_core.host import child_environment
+from psych_sandbox_core.process import ExitStatus, ManagedProcess
+from pydantic import Field
+
+MiB = 1024 * 1024
+#: The unprivileged identity (nobody/nogroup on Debian), inside the sandbox and, when the
+#: host is root, on the host.
+NOBODY = 65534
+#: Where the program runs inside the sandbox, and the temporary directory it is given.
+WORKSPACE = "/workspace"
+TMP = "/tmp"
+#: How long bwrap may take to set the sandbox up before the bootstrap speaks. Generous: a
+#: loaded host may be slow to start an interpreter, and nothing waits on it but this run.
+STARTUP_SECONDS = 30.0
+#: How much of bwrap's stderr a startup failure quotes.
+STARTUP_STDERR_BYTES = 4096
+#: After the tree is killed, how long to wait for the pid namespace to empty.
+NAMESPACE_EXIT_SECONDS = 5.0
+#: Host directories that must never be bound into the sandbox, nor any directory above them.
+FORBIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/var/run", "/var", "/etc",
+             "/proc", "/sys", "/dev", "/boot")
+#: Merged-/usr symlinks (or, on older layouts, directories) the dynamic loader needs.
+SYSTEM_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+PR_SET_PDEATHSIG = 1
+
+Uid = Annotated[int, Field(ge=1, le=2**32 - 2)]
+Size = Annotated[int, Field(ge=64 * 1024)]
+
+
+class BwrapOptions(BackendOptions):
+    #: Interpreter inside the sandbox: a path or a name on PATH. None prefers the system's
+    #: own python3 under /usr, falling back to the host's interpreter with its prefix bound.
+    interpreter: str | None = None
+    #: The bubblewrap executable: a path or a name on PATH.
+    bwrap: str = "bwrap"
+    #: The program's uid and gid inside the sandbox.
+    sandbox_uid: Uid = NOBODY
+    sandbox_gid: Uid = NOBODY
+    #: When the host runs as root, bwrap runs as this host uid/gid (the sandbox's uid maps
+    #: onto it). Prefer an id no other service uses.
+    host_uid: Uid = NOBODY
+    host_gid: Uid = NOBODY
+    #: Size caps of the memory-backed filesystems: a file-size limit alone does not stop a
+    #: program from filling RAM through many files.
+    workspace_bytes: Size = 128 * MiB
+    tmp_bytes: Size = 64 * MiB
+    shm_bytes: Size = 16 * MiB
+    #: More host directories to bind read-only, at the same path (absolute; never the
+    #: host's home, /root, /tmp, /var, /etc or the like).
+    extra_ro_binds: list[str] = Field(default_factory=list)
+
+
+class BwrapBackend(Backend):
+    id: ClassVar[str] = "bwrap"
+    Options: ClassVar[type[BackendOptions]] = BwrapOptions
+    claims: ClassVar[Level] = Level.ISOLATED
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        assert isinstance(options, BwrapOptions)
+        self.settings = options
+        self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        #: Who runs bwrap on the host: dropped from root, else the host's own user.
+        self.runner = (options.host_uid, options.host_gid) if self.is_root else None
+        self.bwrap = shutil.which(options.bwrap) if sys.platform.startswith("linux") else None
+        self.interpreter = resolve_interpreter(options.interpreter, self.runner)
+        binds = list(interpreter_prefixes(self.interpreter))
+        for extra in options.extra_ro_binds:
+            binds.append(checked_bind(extra, "extra_ro_binds"))
+        self.binds = tuple(dict.fromkeys(binds))
+
+    def unavailable_reason(self) -> str | None:
+        if not sys.platform.startswith("linux"):
+            return "bubblewrap needs Linux namespaces"
+        if self.bwrap is None:
+            return (
+                f"bubblewrap ({self.settings.bwrap!r}) is not on PATH; install it "
+                "(e.g. apt-get install bubblewrap)"
+            )
+        return None
+
+    def mechanisms(self) -> Mechanisms:
+        return Mechanisms(
+            filesystem_boundary=True,
+            network_namespace=True,
+            process_tree_boundary=True,
+            process_group=False,
+            unprivileged_identity=True,
+        )
+
+    def command(self, request: LaunchRequest, channel_spec: str, info_fd: int) -> list[str]:
+        """The bwrap command line for one execution."""
+        assert self.bwrap is not None
+        s = self.settings
+        argv = [
+            self.bwrap,
+            "--unshare-all",
+            # --unshare-all only tries the user namespace; without one the uid below could
+            # not be honoured, so it is required.
+            "--unshare-user",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop", "ALL",
+            "--uid", str(s.sandbox_uid),
+            "--gid", str(s.sandbox_gid),
+            "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr",
+        ]
+        for name in SYSTEM_TOP_LEVEL:
+            path = "/" + name
+            if os.path.islink(path):
+                argv += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                argv += ["--ro-bind", path, path]
+        for path in self.binds:
+            argv += ["--ro-bind", path, path]
+        argv += [
+            "--proc", "/proc",
+            # Nothing under /proc/sys is the sandbox's to change, even what its own
+            # namespaces would allow.
+            "--ro-bind", "/proc/sys", "/proc/sys",
+            "--dev", "/dev",
+            "--perms", "0700", "--size", str(s.workspace_bytes), "--tmpfs", WORKSPACE,
+            "--perms", "0700", "--size", str(s.tmp_bytes), "--tmpfs", TMP,
+            "--perms", "0700", "--size", str(s.shm_bytes), "--tmpfs", "/dev/shm",
+            "--chdir", WORKSPACE,
+            "--clearenv",
+        ]
+        for key, value in {**child_environment(TMP), **request.environment}.items():
+            argv += ["--setenv", key, value]
+        argv += [
+            "--info-fd", str(info_fd),
+            "--",
+            self.interpreter,
+            "-I",
+            "-u",
+            "-c",
+            request.bootstrap_source,
+            f"channel={channel_spec}",
+            "probe=" + json.dumps(request.probe.as_json_object()),
+        ]
+        return argv
+
+    @asynccontextmanager
+    async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
+        if self.bwrap is None:
+            raise BackendUnavailable(self.unavailable_reason() or "bubblewrap is missing")
+        channel = _Channel()
+        info_read, info_write = os.pipe()
+        process: ManagedProcess | None = None
+        launched: _Launched | None = None
+        try:
+            os.set_blocking(info_read, False)
+            argv = self.command(request, channel.child_spec, info_write)
+            try:
+                process = await ManagedProcess.spawn(
+                    argv,
+                    env={},
+                    cwd="/",
+                    pass_fds=(*channel.inherited_fds, info_write),
+                    preexec_fn=_prepare(self.runner),
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise BackendUnavailable(f"could not start bubblewrap: {exc}") from exc
+            finally:
+                os.close(info_write)
+            channel.after_spawn()
+            launched = _Launched(process, channel, self.mechanisms())
+            await launched.started(info_read)
+            yield launched
+        finally:
+            if launched is not None:
+                await launched.finish()
+            if process is not None:
+                await process.aclose()
+            await channel.aclose()
+            os.close(info_read)
+
+
+class _Channel(InheritedSocketChannel):
+    """The core's inherited socket pair, whose host end can be watched before it is
+    accepted: the first byte from the bootstrap is the sign that bwrap set the sandbox up."""
+
+    def host_socket(self) -> socket.socket:
+        return self._host
+
+
+class _Launched(Launched):
+    def __init__(
+        self, process: ManagedProcess, channel: _Channel, mechanisms: Mechanisms
+    ) -> None:
+        self.process = process
+        self.channel = channel
+        self.mechanisms = mechanisms
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+        #: A pidfd on the pid namespace's init, once bwrap has said which host pid it is.
+        self._init_fd: int | None = None
+        self._status: ExitStatus | None = None
+
+    async def started(self, info_read: int) -> None:
+        """Return once the bootstrap has spoken; raise BackendUnavailable, quoting bwrap,
+        if bwrap exits first."""
+        exited = False
+        with anyio.move_on_after(STARTUP_SECONDS):
+            info = await self._read_info(info_read)
+            child = info.get("child-pid")
+            if isinstance(child, int) and child > 1:
+                with suppress(OSError):
+                    self._init_fd = os.pidfd_open(child)
+            raw = self.channel.host_socket()
+            async with anyio.create_task_group() as tg:
+
+                async def spoke() -> None:
+                    await anyio.wait_readable(raw)
+                    tg.cancel_scope.cancel()
+
+                async def died() -> None:
+                    nonlocal exited
+                    await self.process.wait_exited()
+                    exited = True
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(spoke)
+                tg.start_soon(died)
+        if not exited or _readable_now(raw):
+            return
+        status = await self.finish()
+        message = await _read_some(self.process.stderr, STARTUP_STDERR_BYTES)
+        raise BackendUnavailable(
+            f"bubblewrap could not start the sandbox ({status.describe()}): "
+            + (message or "it printed nothing")
+        )
+
+    async def _read_info(self, fd: int) -> dict[str, object]:
+        # bwrap writes one JSON object and closes its end; a failure before that is EOF.
+        data = b""
+        while len(data) < 65536:
+            await anyio.wait_readable(fd)
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            data += chunk
+        try:
+            parsed = json.loads(data) if data else {}
+        except ValueError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+
+    async def wait_exited(self) -> None:
+        await self.process.wait_exited()
+
+    async def terminate(self, grace_seconds: float) -> None:
+        # The program gets no polite signal: the pid namespace's init ignores SIGTERM, and
+        # nothing in an untrusted tree is worth a grace window. Kill it whole at once.
+        self._kill_namespace()
+        await self.process.terminate(grace_seconds)
+
+    async def finish(self) -> ExitStatus:
+        if self._status is not None:
+            return self._status
+        self._kill_namespace()
+        raw = await self.process.kill_and_reap()
+        if self._init_fd is not None:
+            # bwrap's monitor exits without reaping the init; wait until the kernel has
+            # emptied the namespace so no process outlives the run, even for a moment.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(NAMESPACE_EXIT_SECONDS):
+                await anyio.wait_readable(self._init_fd)
+            os.close(self._init_fd)
+            self._init_fd = None
+        self._status = _as_inner_status(raw)
+        return self._status
+
+    def _kill_namespace(self) -> None:
+        if self._init_fd is not None:
+            with suppress(OSError):
+                signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
+
+
+def _readable_now(sock: object) -> bool:
+    import select
+
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return bool(readable)
+
+
+async def _read_some(stream: anyio.abc.ByteReceiveStream, limit: int) -> str:
+    data = b""
+    with anyio.move_on_after(1.0):
+        while len(data) < limit:
+            try:
+                data += await stream.receive(limit - len(data))
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                break
+    return data.decode("utf-8", "replace").strip()
+
+
+def _as_inner_status(status: ExitStatus) -> ExitStatus:
+    """The program's fate from bwrap's: bwrap exits 128+N when its child died of signal N."""
+    code, sig = status.code, status.signal
+    if code is not None and 128 < code < 128 + 65:
+        code, sig = None, code - 128
+    # Not measured: bwrap's monitor never reaps the tree, so wait4 saw only bwrap itself.
+    return ExitStatus(code=code, signal=sig, cpu_seconds=None, peak_memory_bytes=None)
+
+
+def _prepare(runner: tuple[int, int] | None) -> Callable[[], None]:
+    """Work done in the forked child before exec: drop root, then die with the host."""
+    libc = _libc()
+
+    def prepare() -> None:
+        if runner is not None:
+            uid, gid = runner
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        # After the uid change, which clears it.
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return prepare
+
+
+@lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------- interpreter and binds
+
+
+def resolve_interpreter(configured: str | None, runner: tuple[int, int] | None) -> str:
+    """One absolute interpreter path bwrap's identity can reach, or a configuration error."""
+    if configured is not None:
+        found = configured if os.path.isabs(configured) else shutil.which(configured)
+        if found is None or not os.access(found, os.X_OK):
+            raise InterpreterNotFoundError(
+                f"interpreter {configured!r} cannot be resolved to an executable file"
+            )
+        path = os.path.realpath(found)
+        if runner is not None and not reachable_by_others(path):
+            raise InterpreterNotFoundError(
+                f"interpreter {path} is not reachable by the unprivileged host uid {runner[0]} "
+                "that runs bubblewrap (a parent directory or the file is not world-executable)"
+            )
+        return path
+    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    # The system's own interpreter first: /usr is bound anyway, so it costs no extra bind.
+    candidates = [f"/usr/bin/{minor}", "/usr/bin/python3", f"/usr/local/bin/{minor}",
+                  "/usr/local/bin/python3", os.path.realpath(sys.executable)]
+    for candidate in candidates:
+        if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
+            continue
+        real = os.path.realpath(candidate)
+        if runner is None or reachable_by_others(real):
+            return real
+    raise InterpreterNotFoundError(
+        "no Python interpreter bubblewrap can run was found; set 'interpreter' to a "
+        "world-executable python3 (3.10 or newer), e.g. /usr/bin/python3"
+    )
+
+
+def reachable_by_others(path: str) -> bool:
+    """Whether a uid that is neither the owner nor in the group can execute ``path``."""
+    current = Path(path)
+    try:
+        if not current.stat().st_mode & stat.S_IXOTH:
+            return False
+        return all(parent.stat().st_mode & stat.S_IXOTH for parent in current.parents)
+    except OSError:
+        return False
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+@lru_cache(maxsize=8)
+def interpreter_prefixes(interpreter: str) -> tuple[str, ...]:
+    """Host directories to bind read-only so ``interpreter`` runs inside: none for one under
+    /usr, else its installation prefix (e.g. a pyenv version), never anything wider."""
+    if _under(interpreter, "/usr"):
+        return ()
+    try:
+        completed = subprocess.run(
+            [interpreter, "-I", "-S", "-c",
+             "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"],
+            env={}, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise InterpreterNotFoundError(
+            f"interpreter {interpreter} did not run to report its prefix: {exc}"
+        ) from exc
+    prefixes: list[str] = []
+    for line in completed.stdout.decode("utf-8", "replace").splitlines():
+        prefix = os.path.realpath(line.strip())
+        if prefix and not _under(prefix, "/usr"):
+            prefixes.append(checked_bind(prefix, "interpreter prefix"))
+    directory = os.path.dirname(interpreter)
+    if not any(_under(directory, p) for p in prefixes) and not _under(directory, "/usr"):
+        prefixes.append(checked_bind(directory, "interpreter directory"))
+    return tuple(dict.fromkeys(prefixes))
+
+
+def checked_bind(path: str, what: str) -> str:
+    """``path`` made real, if binding it read-only exposes nothing it must not."""
+    if not os.path.isabs(path):
+        raise ConfigurationError(f"{what}: {path!r} is not an absolute path")
+    real = os.path.realpath(path)
+    if not os.path.isdir(real) and not os.path.isfile(real):
+        raise ConfigurationError(f"{what}: {path!r} does not exist")
+    home = os.path.realpath(os.path.expanduser("~"))
+    cwd = os.path.realpath(os.getcwd())
+    # The path itself, or any directory above it, being one of these would expose it.
+    exposed = [d for d in (*FORBIDDEN, home, cwd) if d != "/" and _under(d, real)]
+    if real == "/" or exposed:
+        raise ConfigurationError(
+            f"{what}: binding {real} would expose {', '.join(exposed) or 'the whole host'} "
+            "to the sandbox; bind a narrower directory"
+        )
+    return real
+
+
+@hookspecs.hookimpl
+def psych_sandbox_register_backends(registry: hookspecs.BackendRegistrar) -> None:
+    registry.add(BwrapBackend)
