@@ -87,6 +87,9 @@ class _State:
     violation: str | None = None
     timed_out: bool = False
     ran: bool = False
+    #: Listener connections accounted to the child's own probe, and those seen after it.
+    probe_connections: int = 0
+    connections_during_run: int = 0
     calls: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -171,6 +174,10 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
             if harness.connections and state.grades:
                 # Host-side evidence outranks anything the child said about itself.
                 state.grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
+            if state.ran:
+                state.connections_during_run = max(
+                    0, harness.connections - state.probe_connections
+                )
     except anyio.get_cancelled_exc_class():
         raise
     wall = time.monotonic() - started
@@ -284,6 +291,9 @@ async def _converse(
             await channel.send(AbortFrame(reason=refusal.message))
             return
         calls = CallServer(plan.bindings, plan.tools)
+        # Fixed before the program can run: anything counted beyond this came from it. The
+        # child's own report is taken too, since the count may lag the probe's connections.
+        state.probe_connections = max(harness.connections, _reported_connections(hello))
         await channel.send(
             RunFrame(
                 source=plan.source,
@@ -323,6 +333,11 @@ async def _converse(
 
 class _EarlyExit(Exception):
     pass
+
+
+def _reported_connections(hello: HelloFrame) -> int:
+    network = hello.report.network
+    return [network.ipv4, network.ipv6].count("connected")
 
 
 def _refusal(plan: ExecutionPlan, grades: dict[Guarantee, Grade]) -> ExecutionFailure | None:
@@ -366,6 +381,14 @@ def _classify(
         return state.refusal
     if state.violation is not None:
         return ExecutionFailure.of(ErrorKind.PROTOCOL_ERROR, state.violation)
+    if state.connections_during_run and not plan.network_allowed:
+        # The program reached a listener while it ran, under terms that denied it network:
+        # what it produced was produced under weaker terms.
+        return ExecutionFailure.of(
+            ErrorKind.ISOLATION_UNAVAILABLE,
+            "a loopback listener the host opened for this execution saw a connection while "
+            "the program ran, though network access was not granted; the output is withheld",
+        )
     if state.grades and not level_at_least(level_of(state.grades), plan.claimed_level):
         # Evidence gathered while the program ran (a listener saw a connection) weakened the
         # terms after the fact: the output is withheld.
