@@ -2,20 +2,76 @@
 
 The core imports no tool registry. The embedder implements :class:`BindingProvider`; it is
 asked at the start of every execution for the tools callable right now, and every call the
-program makes is answered through it.
+program makes is answered through it by a :class:`CallServer`, which enforces the budgets
+(budgets.py), counts each accepted call in the run log (runlog.py) before the tool runs, and
+pages a result too large to hand over whole through the blob store (paging.py).
 """
 
 from __future__ import annotations
 
+import enum
+import importlib.util
 import inspect
 import json
+import os
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .errors import ProtocolViolation
+import anyio
+
+from .blobstore import BlobAddress, BlobNotFound, BlobStore
+from .budgets import BindingBudgets, ExecutionMeter
+from .errors import ConfigurationError, ProtocolViolation
+from .paging import (
+    DEFAULT_MAX_MATCHES,
+    DEFAULT_WINDOW_CHARS,
+    MAX_MATCHES,
+    MAX_PATTERN_CHARS,
+    PagingError,
+    SearchSettings,
+    read_window,
+    search,
+)
 from .protocol import CallFrame, ReplyFrame
+from .protocol.limits import MAX_FRAMES_MARGIN, MAX_TOOL_NAME_CHARS, MAX_TOOLS
+from .runlog import RunLog, SQLiteRunLog
+
+#: The built-in binding that reads a result too large to hand over whole.
+READ_TOOL_OUTPUT = "read_tool_output"
+
+
+class CallErrorKind(str, enum.Enum):
+    """Why a binding call failed: a closed set a program can branch on (ToolError.kind)."""
+
+    #: The tool may suspend the run (approval, elicitation, a question): call it directly.
+    APPROVAL_REQUIRED = "approval_required"
+    #: Policy refused the call.
+    REFUSED = "refused"
+    #: The tool's server could not be reached.
+    UNREACHABLE = "unreachable"
+    #: The tool ran and failed.
+    TOOL_ERROR = "tool_error"
+    #: A call, byte or run budget is spent.
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    #: No tool of that name is offered to this execution.
+    UNKNOWN_TOOL = "unknown_tool"
+    #: The result is over the per-call ceiling and nothing could store it for paging.
+    BINDING_RESULT_NOT_PAGED = "binding_result_not_paged"
+    #: The execution was cancelled while the call was in flight.
+    CANCELLED = "cancelled"
+    #: The arguments are not what the tool accepts (read_tool_output's own checks).
+    INVALID_ARGUMENTS = "invalid_arguments"
+    #: A read_tool_output handle this program's own calls did not produce.
+    HANDLE_DENIED = "handle_denied"
+    #: A read_tool_output pattern search ran past its deadline and was killed.
+    PATTERN_TIMEOUT = "pattern_timeout"
+
+
+_KINDS = {kind.value for kind in CallErrorKind}
 
 
 @dataclass(frozen=True)
@@ -27,7 +83,11 @@ class ToolSpec:
 
 
 class ToolCallError(Exception):
-    """Raised by a provider to fail a call with a kind the program can branch on."""
+    """Raised by a provider to fail a call with a kind the program can branch on.
+
+    ``kind`` should be a :class:`CallErrorKind` value; anything else reaches the program as
+    tool_error, so the set a program branches on stays closed.
+    """
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -50,28 +110,124 @@ class BindingProvider(ABC):
 class FunctionBindings(BindingProvider):
     """Plain Python functions (sync or async) as tools, for local use and tests."""
 
-    def __init__(self, functions: Mapping[str, Callable[..., Any]]) -> None:
+    def __init__(
+        self,
+        functions: Mapping[str, Callable[..., Any]],
+        *,
+        suspending: Sequence[str] = (),
+    ) -> None:
         self._functions = dict(functions)
+        self._suspending = frozenset(suspending)
 
     async def list_tools(self) -> Sequence[ToolSpec]:
-        return [ToolSpec(name) for name in self._functions]
+        return [ToolSpec(name, may_suspend=name in self._suspending) for name in self._functions]
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Any:
         function = self._functions[name]
+        try:
+            inspect.signature(function).bind(**arguments)
+        except TypeError as exc:
+            raise ToolCallError("invalid_arguments", f"{name}: {exc}") from None
         value = function(**arguments)
         if inspect.isawaitable(value):
             value = await value
         return value
 
 
-class CallServer:
-    """Answers one execution's call frames: strict id order, offered names only."""
+def load_function_tools(path: str | os.PathLike[str]) -> FunctionBindings:
+    """The plain functions a Python file defines (sync or async), as tools named after them.
 
-    def __init__(self, provider: BindingProvider | None, offered: Sequence[str]) -> None:
-        self._provider = provider
-        self._offered = frozenset(offered)
+    For trying programs locally: the file is the user's own and runs on the host. Names
+    starting with an underscore, and functions the file merely imports, are not tools.
+    """
+    location = Path(path)
+    if not location.is_file():
+        raise ConfigurationError(f"tools file {str(location)!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"psych_sandbox_tools_{_token()}", location)
+    if spec is None or spec.loader is None:
+        raise ConfigurationError(f"tools file {str(location)!r} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"tools file {str(location)!r} failed to load: {type(exc).__name__}: {exc}"
+        ) from exc
+    functions = {
+        name: value
+        for name, value in vars(module).items()
+        if inspect.isfunction(value)
+        and not name.startswith("_")
+        and value.__module__ == module.__name__
+    }
+    if not functions:
+        raise ConfigurationError(f"tools file {str(location)!r} defines no functions")
+    return FunctionBindings(functions)
+
+
+@dataclass(frozen=True)
+class ExecutionScope:
+    """Who an execution belongs to: what handles and run-log entries are scoped by."""
+
+    tenant: str
+    run_id: str
+    execution_id: str
+
+
+@dataclass
+class _Handle:
+    address: BlobAddress
+    size: int
+
+
+@dataclass
+class CallServer:
+    """Answers one execution's call frames: strict id order, offered names only, budgets
+    enforced and every accepted call counted in the run log before the tool runs."""
+
+    provider: BindingProvider | None = None
+    tools: Sequence[ToolSpec] = ()
+    budgets: BindingBudgets = field(default_factory=BindingBudgets)
+    run_log: RunLog | None = None
+    scope: ExecutionScope = field(
+        default_factory=lambda: ExecutionScope("default", _token(), _token())
+    )
+    blob_store: BlobStore | None = None
+    search: SearchSettings = field(default_factory=SearchSettings)
+
+    def __post_init__(self) -> None:
+        names = [spec.name for spec in self.tools]
+        if len(set(names)) != len(names):
+            raise ConfigurationError("the binding provider listed a tool name more than once")
+        for name in names:
+            if not isinstance(name, str) or not 0 < len(name) <= MAX_TOOL_NAME_CHARS:
+                raise ConfigurationError(
+                    f"tool name {name!r} must be a non-empty str of at most "
+                    f"{MAX_TOOL_NAME_CHARS} characters"
+                )
+        self._callable = [s.name for s in self.tools if not s.may_suspend]
+        self._suspending = frozenset(s.name for s in self.tools if s.may_suspend)
+        if self.blob_store is not None and self.provider is not None:
+            # The built-in shadows a provider tool of the same name: it is how a program
+            # reads what its own calls produced, and must not be answerable by anyone else.
+            self._callable = [n for n in self._callable if n != READ_TOOL_OUTPUT]
+            self._callable.append(READ_TOOL_OUTPUT)
+        if len(self._callable) > MAX_TOOLS:
+            raise ConfigurationError(
+                f"{len(self._callable)} tools offered; one execution may be offered at most "
+                f"{MAX_TOOLS}"
+            )
+        self._offered = frozenset(self._callable)
+        self.run_log = self.run_log or _default_log()
+        self.meter = ExecutionMeter(self.budgets)
         self.expected_id = 0
         self.record: list[dict[str, Any]] = []
+        self._handles: dict[str, _Handle] = {}
+
+    @property
+    def offered(self) -> list[str]:
+        """The names sent to the child in the run frame."""
+        return list(self._callable)
 
     async def answer(self, frame: CallFrame) -> ReplyFrame:
         if frame.id != self.expected_id:
@@ -80,34 +236,246 @@ class CallServer:
                 f"(expected {self.expected_id})"
             )
         self.expected_id += 1
-        reply = await self._dispatch(frame)
-        self.record.append(
-            {
-                "name": frame.name,
-                "outcome": reply.error_kind or "ok",
-                "result_bytes": len(reply.value_json or ""),
-            }
+        entry: dict[str, Any] = {
+            "name": frame.name,
+            "outcome": "cancelled",
+            "carries": "error",
+            "argument_bytes": 0,
+            "result_bytes": 0,
+        }
+        self.record.append(entry)
+        refusal = self.meter.admit_call()
+        if refusal is not None:
+            spam = MAX_FRAMES_MARGIN + self.budgets.calls_per_execution
+            if self.meter.refused_after_exhaustion > spam:
+                raise ProtocolViolation(
+                    "the program kept calling bindings long after its call budget was spent"
+                )
+            return self._finish(entry, _error(frame.id, CallErrorKind.BUDGET_EXHAUSTED, refusal))
+        assert self.run_log is not None
+        seq = await self.run_log.begin_call(
+            self.scope.run_id,
+            self.scope.execution_id,
+            frame.id,
+            frame.name,
+            self.budgets.calls_per_run,
         )
+        if seq is None:
+            return self._finish(
+                entry,
+                _error(
+                    frame.id,
+                    CallErrorKind.BUDGET_EXHAUSTED,
+                    f"this run has spent its budget of {self.budgets.calls_per_run} binding "
+                    "calls",
+                ),
+            )
+        outcome = CallErrorKind.CANCELLED.value
+        try:
+            reply = await self._accepted(frame, entry)
+            outcome = reply.error_kind or "ok"
+            return self._finish(entry, reply)
+        finally:
+            # Shielded: a cancelled execution still ends its call in the log, never dangling.
+            with anyio.CancelScope(shield=True):
+                await self.run_log.finish_call(seq, outcome)
+
+    def _finish(self, entry: dict[str, Any], reply: ReplyFrame) -> ReplyFrame:
+        entry["outcome"] = reply.error_kind or "ok"
+        entry["carries"] = reply.carries
+        if reply.value_json is not None:
+            entry["result_bytes"] = len(reply.value_json.encode())
+        if reply.handle is not None:
+            entry["stored_bytes"] = reply.handle["bytes"]
         return reply
 
-    async def _dispatch(self, frame: CallFrame) -> ReplyFrame:
-        if self._provider is None or frame.name not in self._offered:
-            return _error(frame.id, "unknown_tool", f"no tool named {frame.name!r} is offered")
+    async def _accepted(self, frame: CallFrame, entry: dict[str, Any]) -> ReplyFrame:
+        arguments_json = _dumps(frame.arguments)
+        argument_bytes = len(arguments_json.encode())
+        entry["argument_bytes"] = argument_bytes
+        refusal = self.meter.admit_arguments(argument_bytes)
+        if refusal is not None:
+            return _error(frame.id, CallErrorKind.BUDGET_EXHAUSTED, refusal)
+        if frame.name in self._suspending:
+            return _error(
+                frame.id,
+                CallErrorKind.APPROVAL_REQUIRED,
+                f"{frame.name!r} may suspend the run (it needs approval or a person's answer), "
+                "so a program cannot call it; nothing was run. Call it directly as a tool "
+                "instead",
+            )
+        if frame.name not in self._offered:
+            return _error(
+                frame.id,
+                CallErrorKind.UNKNOWN_TOOL,
+                f"no tool named {frame.name!r} is offered to this program; TOOLS lists those "
+                "that are",
+            )
+        if frame.name == READ_TOOL_OUTPUT and self.blob_store is not None:
+            try:
+                value = await self._read_tool_output(dict(frame.arguments))
+            except PagingError as exc:
+                return _error(frame.id, exc.kind, exc.message)
+            return self._value(frame.id, _dumps(value), paging_allowed=False)
+        assert self.provider is not None
         try:
-            value = await self._provider.call(frame.name, dict(frame.arguments))
+            value = await self.provider.call(frame.name, dict(frame.arguments))
         except ToolCallError as exc:
-            return _error(frame.id, exc.kind, exc.message)
+            kind = exc.kind if exc.kind in _KINDS else CallErrorKind.TOOL_ERROR.value
+            return _error(frame.id, kind, exc.message)
         except Exception as exc:
-            return _error(frame.id, "tool_error", f"{type(exc).__name__}: {exc}")
+            return _error(frame.id, CallErrorKind.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
         try:
-            value_json = json.dumps(value, allow_nan=False, separators=(",", ":"))
-        except (TypeError, ValueError) as exc:
-            return _error(frame.id, "tool_error", f"the tool returned non-JSON data: {exc}")
-        return ReplyFrame(id=frame.id, carries="value", value_json=value_json)
+            value_json = _dumps(value)
+        except (TypeError, ValueError, RecursionError) as exc:
+            return _error(
+                frame.id, CallErrorKind.TOOL_ERROR, f"the tool returned non-JSON data: {exc}"
+            )
+        return await self._maybe_page(frame, value_json)
+
+    async def _maybe_page(self, frame: CallFrame, value_json: str) -> ReplyFrame:
+        data = value_json.encode()
+        ceiling = self.budgets.result_bytes_per_call
+        if len(data) <= ceiling:
+            return self._value(frame.id, value_json, paging_allowed=True)
+        if self.blob_store is None:
+            return _error(
+                frame.id,
+                CallErrorKind.BINDING_RESULT_NOT_PAGED,
+                f"{frame.name!r} returned {len(data)} bytes, over the per-call ceiling of "
+                f"{ceiling} bytes, and no storage is configured to page it; the result was "
+                "not delivered. Ask the tool for less (a filter, a page, a limit)",
+            )
+        token = _token()
+        address = BlobAddress(
+            tenant=self.scope.tenant,
+            run_id=self.scope.run_id,
+            key=f"tool-result/{self.scope.execution_id}/{token}",
+        )
+        try:
+            await self.blob_store.put(address, data)
+        except Exception as exc:
+            return _error(
+                frame.id,
+                CallErrorKind.BINDING_RESULT_NOT_PAGED,
+                f"{frame.name!r} returned {len(data)} bytes, over the per-call ceiling of "
+                f"{ceiling} bytes, and storing it for paging failed ({type(exc).__name__}); "
+                "the result was not delivered",
+            )
+        self._handles[token] = _Handle(address, len(data))
+        # Only an opaque id, the tool's name and the size cross: nothing about the storage.
+        descriptor = {"id": token, "tool": frame.name, "bytes": len(data)}
+        refusal = self.meter.admit_result(len(_dumps(descriptor)))
+        if refusal is not None:
+            return _error(frame.id, CallErrorKind.BUDGET_EXHAUSTED, refusal)
+        return ReplyFrame(id=frame.id, carries="handle", handle=descriptor)
+
+    def _value(self, call_id: int, value_json: str, *, paging_allowed: bool) -> ReplyFrame:
+        size = len(value_json.encode())
+        if not paging_allowed and size > self.budgets.result_bytes_per_call:
+            return _error(
+                call_id,
+                CallErrorKind.BUDGET_EXHAUSTED,
+                f"the answer is {size} bytes, over the per-call ceiling of "
+                f"{self.budgets.result_bytes_per_call}; ask for a shorter window or fewer "
+                "matches",
+            )
+        refusal = self.meter.admit_result(size)
+        if refusal is not None:
+            return _error(call_id, CallErrorKind.BUDGET_EXHAUSTED, refusal)
+        return ReplyFrame(id=call_id, carries="value", value_json=value_json)
+
+    async def _read_tool_output(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        assert self.blob_store is not None
+        allowed = {"handle", "offset", "length", "pattern", "ignore_case", "max_matches"}
+        unexpected = sorted(set(arguments) - allowed)
+        if unexpected:
+            raise PagingError(
+                "invalid_arguments",
+                f"read_tool_output got unexpected arguments {unexpected}; it takes handle= and "
+                "either offset=/length= or pattern= (with ignore_case=, max_matches=)",
+            )
+        handle = arguments.get("handle")
+        token = handle.get("id") if isinstance(handle, dict) else handle
+        if not isinstance(token, str):
+            raise PagingError(
+                "invalid_arguments", "read_tool_output needs handle=, the ToolResultHandle a "
+                "call returned"
+            )
+        owned = self._handles.get(token)
+        if owned is None:
+            raise PagingError(
+                "handle_denied",
+                "this handle was not produced by this program's own calls; a program can read "
+                "only results its own calls returned",
+            )
+        try:
+            data = await self.blob_store.read(owned.address)
+        except BlobNotFound:
+            raise PagingError("handle_denied", "the stored result is no longer available") from None
+        pattern = arguments.get("pattern")
+        if pattern is not None:
+            if not isinstance(pattern, str) or not 0 < len(pattern) <= MAX_PATTERN_CHARS:
+                raise PagingError(
+                    "invalid_arguments",
+                    f"pattern must be a non-empty str of at most {MAX_PATTERN_CHARS} characters",
+                )
+            if "offset" in arguments or "length" in arguments:
+                raise PagingError(
+                    "invalid_arguments", "give either pattern= or offset=/length=, not both"
+                )
+            ignore_case = arguments.get("ignore_case", False)
+            max_matches = arguments.get("max_matches", DEFAULT_MAX_MATCHES)
+            if not isinstance(ignore_case, bool):
+                raise PagingError("invalid_arguments", "ignore_case must be a bool")
+            if not _is_int(max_matches) or not 0 < max_matches <= MAX_MATCHES:
+                raise PagingError(
+                    "invalid_arguments", f"max_matches must be an int from 1 to {MAX_MATCHES}"
+                )
+            return await search(
+                data,
+                pattern,
+                ignore_case=ignore_case,
+                max_matches=max_matches,
+                settings=self.search,
+            )
+        offset = arguments.get("offset", 0)
+        length = arguments.get("length", DEFAULT_WINDOW_CHARS)
+        if not _is_int(offset) or offset < 0:
+            raise PagingError("invalid_arguments", "offset must be an int >= 0")
+        if not _is_int(length) or length <= 0:
+            raise PagingError("invalid_arguments", "length must be an int > 0")
+        # Leave room for the window's JSON framing and escaping under the per-call ceiling.
+        length = min(length, max(1, self.budgets.result_bytes_per_call // 2 - 256))
+        return read_window(data, offset, length)
+
+
+_DEFAULT_LOG: list[RunLog] = []
+
+
+def _default_log() -> RunLog:
+    # One in-memory log for servers built without one (tests, plain host use): per-run
+    # counting then lasts as long as this process, which is all such a caller asked for.
+    if not _DEFAULT_LOG:
+        _DEFAULT_LOG.append(SQLiteRunLog())
+    return _DEFAULT_LOG[0]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def _token() -> str:
+    return secrets.token_urlsafe(18)
 
 
 def _error(call_id: int, kind: str, message: str) -> ReplyFrame:
-    return ReplyFrame(id=call_id, carries="error", error_kind=kind, message=message)
+    value = kind.value if isinstance(kind, CallErrorKind) else kind
+    return ReplyFrame(id=call_id, carries="error", error_kind=value, message=message)
 
 
 AsyncTool = Callable[..., Awaitable[Any]]

@@ -1,0 +1,97 @@
+"""Reading a stored tool result by window or by pattern (the host side of read_tool_output).
+
+Windows and match offsets are both in characters of the result's JSON text, so a program can
+search, then read around a match. The pattern search itself runs in a killable child process
+(pattern_search.py): a backtracking pattern must not be able to hold the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .pattern_search import PatternSearchError, search_bytes
+
+#: Wall clock from spawn to exit of one search. Sized so ordinary searches over a few
+#: megabytes, interpreter start-up included, are never refused.
+DEFAULT_SEARCH_DEADLINE_SECONDS = 10.0
+#: Window length (characters) when the program names none.
+DEFAULT_WINDOW_CHARS = 64 * 1024
+#: Matches returned by one search when the program names none, and the most it may ask for.
+DEFAULT_MAX_MATCHES = 100
+MAX_MATCHES = 10_000
+#: Longest pattern accepted.
+MAX_PATTERN_CHARS = 1000
+
+
+class PagingError(Exception):
+    """A read the program asked for cannot be served; ``kind`` says why."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    #: Wall-clock deadline of one search, enforced by killing the search process.
+    deadline_seconds: float = DEFAULT_SEARCH_DEADLINE_SECONDS
+
+
+def read_window(data: bytes, offset: int, length: int) -> dict[str, Any]:
+    """Characters ``[offset, offset+length)`` of the stored JSON text."""
+    text = data.decode("utf-8", "replace")
+    total = len(text)
+    start = min(max(offset, 0), total)
+    end = min(start + max(length, 0), total)
+    return {
+        "text": text[start:end],
+        "offset": start,
+        "next_offset": end,
+        "total_chars": total,
+        "eof": end >= total,
+    }
+
+
+async def search(
+    data: bytes,
+    pattern: str,
+    *,
+    ignore_case: bool = False,
+    max_matches: int = DEFAULT_MAX_MATCHES,
+    settings: SearchSettings | None = None,
+) -> dict[str, Any]:
+    """Matches of ``pattern`` in the stored text, found in a process killed at the deadline."""
+    settings = settings or SearchSettings()
+    try:
+        found = await search_bytes(
+            data,
+            pattern,
+            ignore_case=ignore_case,
+            max_matches=max_matches,
+            deadline_seconds=settings.deadline_seconds,
+        )
+    except PatternSearchError as exc:
+        if "did not finish" in str(exc):
+            raise PagingError(
+                "pattern_timeout",
+                f"the pattern search did not finish within {settings.deadline_seconds:g} s "
+                "and was stopped; the pattern probably backtracks catastrophically (nested "
+                "quantifiers like (a+)+). Simplify it, or read the result by window",
+            ) from None
+        raise PagingError("invalid_arguments", str(exc)) from None
+    return {
+        "matches": [
+            {
+                "offset": m.start,
+                "length": m.end - m.start,
+                "line_number": m.line_number,
+                "text": m.match,
+                "line": m.line,
+            }
+            for m in found.matches
+        ],
+        "total_matches": found.total_matches,
+        "truncated": found.total_matches > len(found.matches),
+    }
