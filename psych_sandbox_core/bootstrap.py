@@ -504,6 +504,15 @@ def _make_namespace(channel, tools):
             arguments = {}
         if not isinstance(arguments, dict):
             raise TypeError("call_tool(name, arguments): arguments must be a dict")
+        # A handle travels as its opaque descriptor (how read_tool_output names it).
+        arguments = {
+            key: value.to_json() if isinstance(value, ToolResultHandle) else value
+            for key, value in arguments.items()
+        }
+        try:
+            json.dumps(arguments, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise TypeError(f"call_tool({name!r}): arguments must be JSON data: {exc}") from None
         return channel.call(name, arguments)
 
     namespace = {
@@ -515,6 +524,11 @@ def _make_namespace(channel, tools):
         "ToolResultHandle": ToolResultHandle,
         "call_tool": call_tool,
     }
+    if "read_tool_output" in tools:
+        async def read_tool_output(handle=None, **arguments):
+            return await call_tool("read_tool_output", {"handle": handle, **arguments})
+
+        namespace["read_tool_output"] = read_tool_output
     for tool in tools:
         # A direct alias only for names that are usable identifiers; never a mangled one, so
         # two tools whose names mangle alike can never answer for each other.

@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 
+from .bindings import load_function_tools
+from .blobstore import FilesystemBlobStore
 from .doctor import command_doctor, command_profiles
 from .errors import ConfigurationError
 from .result import ExecutionResult
@@ -37,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=None, help="wall-clock limit in seconds (narrows only)"
     )
     run.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    run.add_argument(
+        "--tools", default=None, help="a Python file whose plain functions the program may call"
+    )
     doctor = commands.add_parser("doctor", help="what this host can promise: backends, grades")
     doctor.add_argument("--json", action="store_true", help="print exactly one JSON object")
     profiles = commands.add_parser("profiles", help="list the configured profiles")
@@ -89,9 +95,16 @@ def _command_run(args: argparse.Namespace) -> int:
         print("psych-sandbox: --timeout must be a positive number", file=sys.stderr)
         return EXIT_USAGE
 
+    bindings = load_function_tools(args.tools) if args.tools is not None else None
+
     async def run() -> ExecutionResult:
-        async with Sandbox(args.config) as sandbox:
-            return await sandbox.run(source, profile=args.profile, timeout=args.timeout)
+        # Results too large to hand over whole are paged from a store that lives for this run.
+        with tempfile.TemporaryDirectory(prefix="psych-tool-results-") as store:
+            blob_store = FilesystemBlobStore(store)
+            async with Sandbox(args.config, blob_store=blob_store) as sandbox:
+                return await sandbox.run(
+                    source, profile=args.profile, timeout=args.timeout, bindings=bindings
+                )
 
     result = anyio.run(run)
     if args.json:

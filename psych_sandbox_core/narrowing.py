@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .budgets import BindingBudgets
 from .errors import ErrorKind
 from .grading import Level, level_at_least
 from .profiles import DEFAULT_PROFILE, ProfileConfig
@@ -80,6 +81,8 @@ class TenantPolicy(BaseModel):
     #: False forbids network access whatever the profile allows; True leaves it to the others.
     allow_network: bool = True
     minimum_level: Level = Level.NONE
+    #: Narrows the profile's binding budgets field by field (never widens them).
+    budgets: BindingBudgets | None = None
 
 
 @dataclass(frozen=True)
