@@ -69,6 +69,10 @@ class Launched(ABC):
     stdout: ByteReceiveStream
     stderr: ByteReceiveStream
     channel: ChannelListener
+    #: The child's workspace as a path on the host, readable after the child ended and until
+    #: the launch context exits, so the core can collect artifacts. None means this backend
+    #: cannot hand back artifacts (its workspace is not reachable from the host).
+    workspace_path: str | None = None
 
     @abstractmethod
     async def wait_exited(self) -> None:

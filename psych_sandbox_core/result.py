@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .artifacts import SkippedEntry
+from .attachments import ArtifactInfo, Attachment
 from .errors import GUIDANCE, ErrorKind
 
 
@@ -36,8 +38,19 @@ class StreamOutput(BaseModel):
     total_bytes: int
     #: Bytes the host kept (at most the capture cap).
     captured_bytes: int
-    #: Bytes written past the capture cap and not kept.
+    #: Bytes written past the capture cap and not kept (the middle, between the kept head
+    #: and tail).
     dropped_bytes: int
+    #: Lines the program wrote in all (a final line without a newline counts).
+    total_lines: int = 0
+    #: Bytes of the stream the preview (the ``stdout``/``stderr`` text) shows.
+    shown_bytes: int = 0
+    #: Bytes and newlines between the preview's head and tail, whether dropped at capture or
+    #: cut for the preview budget.
+    omitted_bytes: int = 0
+    omitted_lines: int = 0
+    #: Handle of the stream's durable copy (see attachments.py), when one was recorded.
+    attachment: str | None = None
 
 
 class Usage(BaseModel):
@@ -79,6 +92,16 @@ class ExecutionResult(BaseModel):
     backend: BackendIdentity
     #: Binding calls the program made (name, outcome, bytes), in order.
     calls: list[dict[str, Any]] = Field(default_factory=list)
+    #: The run and tenant whose record holds this execution's attachments.
+    run_id: str | None = None
+    tenant: str | None = None
+    #: Durable copies of the streams, the return value and each artifact.
+    attachments: list[Attachment] = Field(default_factory=list)
+    #: Files the program left in its workspace, collected and checked.
+    artifacts: list[ArtifactInfo] = Field(default_factory=list)
+    #: Workspace entries deliberately not collected, and why (links, FIFOs, caps...).
+    skipped_artifacts: list[SkippedEntry] = Field(default_factory=list)
+    skipped_artifacts_unlisted: int = 0
 
     @property
     def ok(self) -> bool:

@@ -1,10 +1,26 @@
-"""Per-execution private working directories, and removing them without following links."""
+"""Per-execution private working directories, and removing them without following links.
+
+Removal is the reverse of artifact collection (see artifacts.py) and obeys the same rules:
+every step is relative to a directory descriptor opened with ``O_NOFOLLOW``, so a link in the
+tree, or one swapped in while we work, is unlinked as a name and never followed to delete
+something outside. Directories the program made read-only or unsearchable are opened up first
+(on the directory itself, through its own descriptor), so permissions cannot block cleanup.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import stat
 import tempfile
+
+#: How many directory descriptors one removal holds open at once. A program can nest
+#: directories far deeper than any fd limit; below this depth a subtree is moved up to the
+#: top of the workspace (a rename inside the same tree) and removed from there.
+MAX_OPEN_DIRECTORIES = 64
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 def create_workspace(owner: tuple[int, int] | None = None) -> str:
@@ -16,11 +32,7 @@ def create_workspace(owner: tuple[int, int] | None = None) -> str:
 
 
 def remove_tree(path: str) -> None:
-    """Delete ``path`` and everything under it without ever following a symlink out of it.
-
-    Directories the program made read-only or unsearchable are opened up first (on the
-    directory itself, never through a link), so cleanup cannot be blocked by permissions.
-    """
+    """Delete ``path`` and everything under it without ever following a symlink out of it."""
     try:
         top = os.lstat(path)
     except FileNotFoundError:
@@ -28,30 +40,75 @@ def remove_tree(path: str) -> None:
     if not stat.S_ISDIR(top.st_mode):
         os.unlink(path)
         return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    fd = os.open(path, _DIR_FLAGS)
     try:
-        _remove_children(fd)
+        _empty(fd)
     finally:
         os.close(fd)
     os.rmdir(path)
 
 
-def _remove_children(dir_fd: int) -> None:
-    # Every step is relative to an open directory descriptor opened with O_NOFOLLOW, so a
-    # link swapped in cannot redirect the walk outside the tree.
+def _open_up(dir_fd: int) -> None:
     try:
         os.fchmod(dir_fd, stat.S_IRWXU)
     except OSError:
+        pass  # not ours to change (a non-root host); removal says so if it matters
+
+
+def _empty(top_fd: int) -> None:
+    """Remove everything below the directory open as ``top_fd`` (which is kept)."""
+    _open_up(top_fd)
+    # Each frame: (descriptor, name in its parent). The top frame has no name.
+    stack: list[tuple[int, str | None]] = [(top_fd, None)]
+    try:
+        while stack:
+            dir_fd, _ = stack[-1]
+            descended = False
+            with os.scandir(dir_fd) as entries:
+                names = [entry.name for entry in entries]
+            for name in names:
+                try:
+                    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISDIR(info.st_mode):
+                    _unlink(name, dir_fd)
+                    continue
+                if len(stack) >= MAX_OPEN_DIRECTORIES:
+                    # Too deep to hold another descriptor: lift this subtree to the top.
+                    lifted = f".psych-lifted-{secrets.token_hex(8)}"
+                    os.rename(name, lifted, src_dir_fd=dir_fd, dst_dir_fd=top_fd)
+                    descended = True  # the top now has more to do; rescan from there
+                    continue
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        _unlink(name, dir_fd)  # swapped for a link or file since the stat
+                        continue
+                    if exc.errno == errno.ENOENT:
+                        continue
+                    raise
+                _open_up(child)
+                stack.append((child, name))
+                descended = True
+                break
+            if descended:
+                continue
+            # This directory is empty: close it and remove it from its parent.
+            finished_fd, finished_name = stack.pop()
+            if finished_name is None:
+                break
+            os.close(finished_fd)
+            os.rmdir(finished_name, dir_fd=stack[-1][0])
+    finally:
+        for fd, parent_name in stack:
+            if parent_name is not None:
+                os.close(fd)
+
+
+def _unlink(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
         pass
-    with os.scandir(dir_fd) as entries:
-        names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
-    for name, is_dir in names:
-        if is_dir:
-            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
-            try:
-                _remove_children(child)
-            finally:
-                os.close(child)
-            os.rmdir(name, dir_fd=dir_fd)
-        else:
-            os.unlink(name, dir_fd=dir_fd)

@@ -22,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, ClassVar
 
+import anyio
 from pydantic import Field
 
 from .. import hookspecs
@@ -116,11 +117,15 @@ class SubprocessBackend(Backend):
                     f"the subprocess backend could not start {self.interpreter}: {exc}"
                 ) from exc
             channel.after_spawn()
-            yield _Launched(process, channel, self.mechanisms())
+            launched = _Launched(process, channel, self.mechanisms())
+            launched.workspace_path = workspace
+            yield launched
         finally:
-            if process is not None:
-                await process.aclose()
-            await channel.aclose()
+            # Shielded: a cancelled run must still reap, close and remove its workspace.
+            with anyio.CancelScope(shield=True):
+                if process is not None:
+                    await process.aclose()
+                await channel.aclose()
             remove_tree(workspace)
 
 

@@ -1,0 +1,458 @@
+"""Durable copies of what an execution produced, and reading them back by window or pattern.
+
+Each stream, the returned value and each collected artifact becomes a named attachment with
+its own handle. Small ones are kept inline with the run's record, larger ones in the blob
+store, and without a blob store only a preview is kept, unless the caller required
+preservation, in which case the execution fails with ``artifacts_unavailable`` rather than
+losing bytes quietly.
+
+A handle is ``att:<slot>:<token>``: the slot names the execution within its run, the token is
+random. A handle resolves only against the record of the run (and tenant) that minted it, and
+only if its slot prefix matches the slot it was recorded under; a fabricated handle, or a real
+one presented for another run or tenant, is denied exactly like one that never existed.
+Behind it, the blob address folds in the tenant and the run, so even a lookup that bypassed
+the record could not reach another tenant's bytes. Nothing about the storage is ever shown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .artifacts import Collection, CollectionLimits, SkippedEntry, collect, sniff_content_type
+from .blobstore import BlobAddress, BlobNotFound, BlobStore
+from .errors import SandboxError
+from .output import OutputPolicy, Preview, StreamCapture, make_preview
+from .pattern_search import SearchResult, search_bytes
+
+if TYPE_CHECKING:
+    from .result import ExecutionFailure, StreamOutput
+
+#: Largest window one read returns; a reader pages through anything larger.
+MAX_WINDOW_BYTES = 1024 * 1024
+#: Window returned when the caller does not say.
+DEFAULT_WINDOW_BYTES = 16 * 1024
+
+Storage = Literal["inline", "blob", "preview_only"]
+AttachmentKind = Literal["stream", "return_value", "artifact"]
+
+
+class AttachmentDenied(SandboxError, LookupError):
+    """This handle does not resolve for this run and tenant (or never existed)."""
+
+
+class Attachment(BaseModel):
+    """One durable output of an execution, as the result describes it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    handle: str
+    #: "stdout", "stderr", "return_value", or "artifacts/<path>".
+    name: str
+    kind: AttachmentKind
+    #: Bytes the attachment stands for.
+    size_bytes: int
+    sha256: str
+    content_type: str
+    #: Where the bytes are kept; "preview_only" means a reader gets the preview alone.
+    stored: Storage
+    #: False when the bytes kept are fewer than the program produced (a stream past its
+    #: capture cap, or a preview-only attachment).
+    complete: bool
+
+
+class ArtifactInfo(BaseModel):
+    """A file the program left in its workspace, collected and checked."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    size_bytes: int
+    sha256: str
+    content_type: str
+    attachment: str
+
+
+@dataclass(frozen=True)
+class Window:
+    """Bytes ``[offset, offset + len(data))`` of an attachment's kept bytes."""
+
+    handle: str
+    offset: int
+    data: bytes
+    #: Length of what is kept (the preview's length for a preview-only attachment).
+    kept_bytes: int
+    #: Whether the window reaches the end of what is kept.
+    eof: bool
+    #: Whether what is kept is everything (see Attachment.complete).
+    complete: bool
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+@dataclass
+class _Record:
+    slot: str
+    attachment: Attachment
+    inline: bytes | None = None
+    address: BlobAddress | None = None
+
+
+@dataclass
+class _Run:
+    records: dict[str, _Record] = field(default_factory=dict)
+    slots: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class AttachmentLedger:
+    """The recorded handles of every run, per tenant, and the blob store behind them.
+
+    Held by a Sandbox; inline bytes live here in memory until :meth:`forget` is called for
+    the run, so an embedder keeping many runs alive should forget the ones it is done with.
+    """
+
+    def __init__(self, blob_store: BlobStore | None = None) -> None:
+        self.blob_store = blob_store
+        self._runs: dict[tuple[str, str], _Run] = {}
+
+    def new_slot(self, tenant: str, run_id: str) -> str:
+        run = self._runs.setdefault((tenant, run_id), _Run())
+        return f"x{next(run.slots)}"
+
+    def forget(self, tenant: str, run_id: str) -> None:
+        """Drop a run's records (its blobs stay in the store under their own retention)."""
+        self._runs.pop((tenant, run_id), None)
+
+    def handles(self, tenant: str, run_id: str) -> list[str]:
+        run = self._runs.get((tenant, run_id))
+        return [] if run is None else list(run.records)
+
+    def _record(self, tenant: str, run_id: str, slot: str, record: _Record) -> None:
+        run = self._runs.setdefault((tenant, run_id), _Run())
+        run.records[record.attachment.handle] = record
+
+    def _resolve(self, handle: object, tenant: str, run_id: str, slot: str | None) -> _Record:
+        denied = AttachmentDenied(f"no attachment {handle!r} in this run")
+        if not isinstance(handle, str) or len(handle) > 200:
+            raise denied
+        parts = handle.split(":")
+        if len(parts) != 3 or parts[0] != "att" or (slot is not None and parts[1] != slot):
+            raise denied
+        run = self._runs.get((tenant, run_id))
+        record = None if run is None else run.records.get(handle)
+        if record is None or record.slot != parts[1]:
+            raise denied
+        return record
+
+    def describe(
+        self, handle: str, *, tenant: str, run_id: str, slot: str | None = None
+    ) -> Attachment:
+        return self._resolve(handle, tenant, run_id, slot).attachment
+
+    async def read(
+        self,
+        handle: str,
+        *,
+        tenant: str,
+        run_id: str,
+        offset: int = 0,
+        length: int = DEFAULT_WINDOW_BYTES,
+        slot: str | None = None,
+    ) -> Window:
+        """A window of an attachment. ``slot`` narrows resolution to one execution's outputs."""
+        record = self._resolve(handle, tenant, run_id, slot)
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError("offset must be a non-negative integer")
+        if not isinstance(length, int) or length < 0:
+            raise ValueError("length must be a non-negative integer")
+        length = min(length, MAX_WINDOW_BYTES)
+        if record.inline is not None:
+            kept = len(record.inline)
+            data = record.inline[offset : offset + length]
+        else:
+            assert record.address is not None
+            store = self._store()
+            try:
+                kept = await store.size(record.address)
+                data = await store.read(record.address, offset, length) if length else b""
+            except BlobNotFound:
+                raise AttachmentDenied(f"attachment {handle!r} is no longer stored") from None
+        return Window(
+            handle=handle,
+            offset=offset,
+            data=data,
+            kept_bytes=kept,
+            eof=offset + len(data) >= kept,
+            complete=record.attachment.complete,
+        )
+
+    async def read_all(
+        self, handle: str, *, tenant: str, run_id: str, slot: str | None = None
+    ) -> bytes:
+        """Every kept byte of an attachment (bounded by the caps it was collected under)."""
+        chunks: list[bytes] = []
+        offset = 0
+        while True:
+            window = await self.read(
+                handle, tenant=tenant, run_id=run_id, offset=offset,
+                length=MAX_WINDOW_BYTES, slot=slot,
+            )
+            chunks.append(window.data)
+            offset += len(window.data)
+            if window.eof or not window.data:
+                return b"".join(chunks)
+
+    async def search(
+        self,
+        handle: str,
+        pattern: str,
+        *,
+        tenant: str,
+        run_id: str,
+        ignore_case: bool = False,
+        max_matches: int = 100,
+        slot: str | None = None,
+    ) -> SearchResult:
+        """Matches of a regular expression in an attachment, run where it cannot hang us."""
+        data = await self.read_all(handle, tenant=tenant, run_id=run_id, slot=slot)
+        return await search_bytes(data, pattern, ignore_case=ignore_case, max_matches=max_matches)
+
+    def _store(self) -> BlobStore:
+        if self.blob_store is None:
+            raise AttachmentDenied("no blob store is configured")
+        return self.blob_store
+
+    async def keep(
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        slot: str,
+        name: str,
+        kind: AttachmentKind,
+        data: bytes,
+        policy: OutputPolicy,
+        complete: bool = True,
+        content_type: str | None = None,
+    ) -> tuple[Attachment, bool]:
+        """Record ``data`` under a fresh handle. Returns the attachment and whether every
+        byte was preserved (False when only a preview could be kept)."""
+        handle = f"att:{slot}:{secrets.token_urlsafe(18)}"
+        digest = hashlib.sha256(data).hexdigest()
+        kind_of = content_type or sniff_content_type(data)
+        inline: bytes | None = None
+        address: BlobAddress | None = None
+        stored: Storage
+        preserved = True
+        if len(data) <= policy.inline_bytes:
+            inline, stored = data, "inline"
+        else:
+            stored = "preview_only"
+            if self.blob_store is not None:
+                candidate = BlobAddress(tenant=tenant, run_id=run_id, key=handle)
+                try:
+                    await self.blob_store.put(candidate, data)
+                except OSError:
+                    pass  # the store failed: fall back to a preview, below
+                else:
+                    address, stored = candidate, "blob"
+            if address is None:
+                preserved = False
+                preview = StreamCapture(policy.preview_bytes)
+                preview.feed(data)
+                inline = preview.data
+        attachment = Attachment(
+            handle=handle,
+            name=name,
+            kind=kind,
+            size_bytes=len(data),
+            sha256=digest,
+            content_type=kind_of,
+            stored=stored,
+            complete=complete and stored != "preview_only",
+        )
+        self._record(tenant, run_id, slot, _Record(slot, attachment, inline, address))
+        return attachment, preserved
+
+
+@dataclass
+class OutputContext:
+    """Where one execution's outputs are recorded: its run, tenant, slot and policy."""
+
+    policy: OutputPolicy
+    ledger: AttachmentLedger | None
+    tenant: str
+    run_id: str
+    slot: str = ""
+
+    def __post_init__(self) -> None:
+        if self.ledger is not None and not self.slot:
+            self.slot = self.ledger.new_slot(self.tenant, self.run_id)
+
+
+@dataclass
+class Preserved:
+    """What :func:`preserve` hands back to the host for the result."""
+
+    stdout: Preview
+    stderr: Preview
+    stdout_info: StreamOutput
+    stderr_info: StreamOutput
+    attachments: list[Attachment] = field(default_factory=list)
+    artifacts: list[ArtifactInfo] = field(default_factory=list)
+    skipped: list[SkippedEntry] = field(default_factory=list)
+    skipped_unlisted: int = 0
+    #: Set when preservation was required and could not be done.
+    unavailable: str | None = None
+
+
+def collect_artifacts(context: OutputContext | None, workspace: str | None) -> Collection | None:
+    """Collect the workspace's artifacts under the context's policy (blocking: run in a
+    worker thread). None when there is nothing to collect into or from."""
+    if context is None or workspace is None or not context.policy.collect_artifacts:
+        return None
+    policy = context.policy
+    return collect(
+        workspace,
+        CollectionLimits(
+            per_file_bytes=policy.artifact_bytes,
+            total_bytes=policy.artifacts_total_bytes,
+            max_files=policy.max_artifacts,
+        ),
+        folder=policy.artifacts_folder,
+    )
+
+
+def stream_info(
+    capture: StreamCapture, preview: Preview, attachment: str | None = None
+) -> StreamOutput:
+    from .result import StreamOutput  # result.py imports this module's models
+
+    return StreamOutput(
+        total_bytes=capture.total_bytes,
+        captured_bytes=capture.captured_bytes,
+        dropped_bytes=capture.dropped_bytes,
+        total_lines=capture.total_lines,
+        shown_bytes=preview.shown_bytes,
+        omitted_bytes=preview.omitted_bytes,
+        omitted_lines=preview.omitted_lines,
+        attachment=attachment,
+    )
+
+
+_EMPTY_PREVIEW = Preview("", 0, 0, 0)
+
+
+async def preserve(
+    context: OutputContext | None,
+    *,
+    stdout: StreamCapture,
+    stderr: StreamCapture,
+    value_json: str | None,
+    collection: Collection | None,
+    withheld: bool,
+) -> Preserved:
+    """Previews for the model and durable attachments for everything else."""
+    if withheld:
+        empty = stream_info(StreamCapture(0), _EMPTY_PREVIEW)
+        return Preserved(_EMPTY_PREVIEW, _EMPTY_PREVIEW, empty, empty)
+    policy = context.policy if context is not None else OutputPolicy()
+    previews = [make_preview(capture, policy.preview_bytes) for capture in (stdout, stderr)]
+    if context is None or context.ledger is None:
+        return Preserved(
+            previews[0],
+            previews[1],
+            stream_info(stdout, previews[0]),
+            stream_info(stderr, previews[1]),
+        )
+    ledger = context.ledger
+    attachments: list[Attachment] = []
+    lost: list[str] = []
+
+    async def keep(
+        name: str, kind: AttachmentKind, data: bytes, complete: bool, ctype: str | None = None
+    ) -> Attachment:
+        attachment, preserved = await ledger.keep(
+            tenant=context.tenant,
+            run_id=context.run_id,
+            slot=context.slot,
+            name=name,
+            kind=kind,
+            data=data,
+            policy=policy,
+            complete=complete,
+            content_type=ctype,
+        )
+        attachments.append(attachment)
+        if not preserved:
+            lost.append(name)
+        return attachment
+
+    infos = []
+    for name, capture, preview in (
+        ("stdout", stdout, previews[0]),
+        ("stderr", stderr, previews[1]),
+    ):
+        attachment = await keep(name, "stream", capture.data, not capture.truncated)
+        infos.append(stream_info(capture, preview, attachment.handle))
+    if value_json is not None:
+        await keep("return_value", "return_value", value_json.encode(), True, "application/json")
+    artifacts: list[ArtifactInfo] = []
+    if collection is not None:
+        for item in collection.files:
+            attachment = await keep(
+                f"artifacts/{item.path}", "artifact", item.data, True, item.content_type
+            )
+            artifacts.append(
+                ArtifactInfo(
+                    path=item.path,
+                    size_bytes=len(item.data),
+                    sha256=item.sha256,
+                    content_type=item.content_type,
+                    attachment=attachment.handle,
+                )
+            )
+    unavailable = None
+    if lost and policy.require_preservation:
+        unavailable = (
+            "preservation was required but no blob store could keep "
+            + ", ".join(lost[:10])
+            + (f" and {len(lost) - 10} more" if len(lost) > 10 else "")
+            + f" (larger than the {policy.inline_bytes}-byte inline limit)"
+        )
+    return Preserved(
+        previews[0],
+        previews[1],
+        infos[0],
+        infos[1],
+        attachments=attachments,
+        artifacts=artifacts,
+        skipped=list(collection.skipped) if collection is not None else [],
+        skipped_unlisted=collection.skipped_unlisted if collection is not None else 0,
+        unavailable=unavailable,
+    )
+
+
+def unavailable_failure(message: str, failure: ExecutionFailure | None) -> ExecutionFailure:
+    """The artifacts_unavailable failure, keeping what the program's own failure said."""
+    from .errors import ErrorKind
+    from .result import ExecutionFailure
+
+    if failure is not None:
+        message += f"; the program had also failed ({failure.kind.value}: {failure.message})"
+        return ExecutionFailure.of(
+            ErrorKind.ARTIFACTS_UNAVAILABLE,
+            message,
+            traceback=failure.traceback,
+            line=failure.line,
+            column=failure.column,
+            exception_type=failure.exception_type,
+        )
+    return ExecutionFailure.of(ErrorKind.ARTIFACTS_UNAVAILABLE, message)
