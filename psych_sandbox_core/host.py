@@ -23,7 +23,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, Listener, SocketStream
 
 from .backend import Backend, BackendUnavailable, Launched, LaunchRequest, ProbeTargets
-from .bindings import BindingProvider, CallServer
+from .bindings import BindingProvider, CallServer, ToolSpec
 from .channel import FrameChannel
 from .errors import ErrorKind, ProtocolViolation
 from .grading import Grade, Guarantee, Level, grade, level_at_least, level_of
@@ -75,6 +75,11 @@ class ExecutionPlan:
     network_allowed: bool = False
     tools: Sequence[str] = ()
     bindings: BindingProvider | None = None
+    #: This execution's call server (budgets, run log, paging); built from tools/bindings
+    #: when absent.
+    calls: CallServer | None = None
+    #: Set from outside to cancel: the result then says cancelled (see docs/bindings.md).
+    cancel: anyio.Event | None = None
     #: A refusal decided before launch (narrowing): the child is answered with abort.
     refusal: ExecutionFailure | None = None
 
@@ -91,6 +96,7 @@ class _State:
     probe_connections: int = 0
     connections_during_run: int = 0
     calls: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: bool = False
 
 
 class ProbeHarness:
@@ -167,10 +173,14 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
                 limits=plan.limits,
             )
             try:
+                if plan.cancel is not None and plan.cancel.is_set():
+                    raise _CancelledBeforeStart()
                 async with backend.launch(request) as launched:
                     status = await _supervise(launched, plan, state, stdout, stderr, harness)
             except BackendUnavailable as exc:
                 failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))
+            except _CancelledBeforeStart:
+                state.cancelled = True
             if harness.connections and state.grades:
                 # Host-side evidence outranks anything the child said about itself.
                 state.grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
@@ -244,6 +254,8 @@ async def _supervise(
         drains.start_soon(drain, stderr, launched.stderr, drained[1])
         try:
             with anyio.move_on_after(plan.limits.wall_seconds) as wall:
+                if plan.cancel is not None:
+                    drains.start_soon(_watch_cancel, plan.cancel, state, wall)
                 try:
                     await _converse(launched, plan, state, harness)
                 except ProtocolViolation as exc:
@@ -251,7 +263,7 @@ async def _supervise(
                 else:
                     await launched.wait_exited()
             if wall.cancelled_caught:
-                state.timed_out = True
+                state.timed_out = not state.cancelled
                 await launched.terminate(plan.limits.grace_seconds)
         finally:
             with anyio.CancelScope(shield=True):
@@ -290,14 +302,16 @@ async def _converse(
             state.refusal = refusal
             await channel.send(AbortFrame(reason=refusal.message))
             return
-        calls = CallServer(plan.bindings, plan.tools)
+        calls = plan.calls
+        if calls is None:
+            calls = CallServer(plan.bindings, [ToolSpec(name) for name in plan.tools])
         # Fixed before the program can run: anything counted beyond this came from it. The
         # child's own report is taken too, since the count may lag the probe's connections.
         state.probe_connections = max(harness.connections, _reported_connections(hello))
         await channel.send(
             RunFrame(
                 source=plan.source,
-                tools=list(plan.tools),
+                tools=calls.offered,
                 limits=ChildLimits(
                     cpu_seconds=plan.limits.cpu_seconds,
                     memory_bytes=plan.limits.memory_bytes,
@@ -333,6 +347,16 @@ async def _converse(
 
 class _EarlyExit(Exception):
     pass
+
+
+class _CancelledBeforeStart(Exception):
+    pass
+
+
+async def _watch_cancel(event: anyio.Event, state: _State, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    state.cancelled = True
+    scope.cancel()
 
 
 def _reported_connections(hello: HelloFrame) -> int:
@@ -377,6 +401,12 @@ def _weak_grades(grades: dict[Guarantee, Grade]) -> str:
 def _classify(
     plan: ExecutionPlan, state: _State, status: ExitStatus | None
 ) -> ExecutionFailure | None:
+    if state.cancelled:
+        return ExecutionFailure.of(
+            ErrorKind.CANCELLED,
+            "the execution was cancelled before it finished"
+            + ("" if state.ran else "; the program never ran"),
+        )
     if state.refusal is not None:
         return state.refusal
     if state.violation is not None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .budgets import BindingBudgets
 from .grading import Level
 from .terms import ExecutionLimits
 
@@ -29,6 +30,8 @@ class ProfileConfig(BaseModel):
     required_level: Level = Level.NONE
     #: Whether programs under this profile may be granted network access at all.
     allow_network: bool = False
+    #: Budgets on binding calls; tenant policy may narrow them, a request never.
+    budgets: BindingBudgets = Field(default_factory=BindingBudgets)
 
 
 #: A profile name is used on command lines and in specs: keep it plain.

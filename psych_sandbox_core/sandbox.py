@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 import anyio
 
 from .backend import Availability, Backend
-from .bindings import BindingProvider
+from .bindings import BindingProvider, CallServer, ExecutionScope
+from .blobstore import BlobStore
 from .config import ConfigSource, check_backends, resolve_config
 from .errors import ConfigurationError, SandboxClosedError, UnknownProfileError
 from .grading import Level, level_at_least
 from .host import ExecutionPlan, execute
 from .narrowing import BackendCapability, ExecutionRequest, TenantPolicy, narrow, request_for
+from .paging import DEFAULT_SEARCH_DEADLINE_SECONDS, SearchSettings
 from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
+from .runlog import RunLog, SQLiteRunLog
 from .terms import ExecutionLimits
 
 _LEVEL_RANK = {Level.ISOLATED: 0, Level.PROCESS: 1, Level.NONE: 2}
@@ -40,7 +44,17 @@ class Sandbox:
         config: ConfigSource = None,
         *,
         registry: BackendRegistry | None = None,
+        run_log: RunLog | None = None,
+        blob_store: BlobStore | None = None,
+        pattern_deadline_seconds: float = DEFAULT_SEARCH_DEADLINE_SECONDS,
     ) -> None:
+        # Binding calls are counted per run in run_log (in memory unless one is given);
+        # results over the per-call ceiling are paged through blob_store when there is one.
+        self.run_log = run_log or SQLiteRunLog()
+        self.blob_store = blob_store
+        if not pattern_deadline_seconds > 0:
+            raise ConfigurationError("pattern_deadline_seconds must be positive")
+        self._search = SearchSettings(deadline_seconds=pattern_deadline_seconds)
         # A DeploymentConfig, a TOML path, or None (then $PSYCH_SANDBOX_CONFIG, if set).
         # Invalid configuration fails here, at construction, not at the first run.
         self.config = resolve_config(config)
@@ -72,6 +86,9 @@ class Sandbox:
         bindings: BindingProvider | None = None,
         request: ExecutionRequest | None = None,
         policy: TenantPolicy | None = None,
+        tenant: str = "default",
+        run_id: str | None = None,
+        cancel: anyio.Event | None = None,
     ) -> ExecutionResult:
         """Run one program. Raises only for misuse (closed sandbox) or configuration.
 
@@ -93,9 +110,22 @@ class Sandbox:
             loaded.config,
         )
         limits = terms.limits
-        tools: list[str] = []
-        if bindings is not None:
-            tools = [spec.name for spec in await bindings.list_tools() if not spec.may_suspend]
+        budgets = loaded.config.budgets
+        if policy is not None and policy.budgets is not None:
+            budgets = budgets.narrowed(policy.budgets)
+        execution_id = uuid.uuid4().hex
+        # Asked at the start of every execution: a tool withdrawn since the last one is gone.
+        specs = list(await bindings.list_tools()) if bindings is not None else []
+        calls = CallServer(
+            bindings,
+            specs,
+            budgets=budgets,
+            run_log=self.run_log,
+            scope=ExecutionScope(tenant, run_id or execution_id, execution_id),
+            blob_store=self.blob_store if bindings is not None else None,
+            search=self._search,
+        )
+        tools = calls.offered
         plan = ExecutionPlan(
             source=source,
             limits=limits,
@@ -107,6 +137,8 @@ class Sandbox:
             refusal=terms.refusal,
             tools=tools,
             bindings=bindings,
+            calls=calls,
+            cancel=cancel,
         )
         return await execute(loaded.backend, plan)
 
