@@ -64,7 +64,9 @@ class _MisreportingPlugin:
         registry.add(MisreportingBackend)
 
 
-def _sandbox(profiles: dict[str, ProfileConfig], registry: BackendRegistry | None = None) -> Sandbox:
+def _sandbox(
+    profiles: dict[str, ProfileConfig], registry: BackendRegistry | None = None
+) -> Sandbox:
     return Sandbox(DeploymentConfig(profiles=profiles), registry=registry)
 
 
