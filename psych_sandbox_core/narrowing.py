@@ -94,7 +94,8 @@ class BackendCapability:
     """
 
     backend_id: str
-    level: Level
+    #: The level the backend claims it can reach: a claim, never reported as a level.
+    claims: Level
     #: Whether the backend can run a program with network access at all.
     network: bool = False
     limits: LimitCeilings = field(default_factory=LimitCeilings)
@@ -104,7 +105,7 @@ class BackendCapability:
         """Read a backend class's capability: its ``claims`` and an optional ``grants_network``."""
         return cls(
             backend_id=str(backend_cls.id),
-            level=Level(backend_cls.claims),
+            claims=Level(backend_cls.claims),
             network=bool(getattr(backend_cls, "grants_network", False)),
         )
 
@@ -176,12 +177,12 @@ def narrow(
             f"network access was requested but is not allowed by {' nor by '.join(denied_by)}; "
             "the program was not run",
         )
-    elif not level_at_least(capability.level, required):
+    elif not level_at_least(capability.claims, required):
         refusal = ExecutionFailure.of(
             ErrorKind.ISOLATION_UNAVAILABLE,
             f"this execution requires the {required.value} level, but the profile "
             f"{profile_name!r} uses the backend {capability.backend_id!r}, which reaches at most "
-            f"{capability.level.value} on this deployment; the program was not run",
+            f"{capability.claims.value} on this deployment; the program was not run",
         )
     return Terms(limits=limits, network=network, required_level=required, refusal=refusal)
 

@@ -66,7 +66,7 @@ requests = st.builds(
 capabilities = st.builds(
     BackendCapability,
     backend_id=st.just("subprocess"),
-    level=levels,
+    claims=levels,
     network=st.booleans(),
     limits=ceilings,
 )
@@ -101,7 +101,7 @@ def test_no_stage_is_ever_widened(
         assert level_at_least(terms.required_level, floor)
     # Either the backend can reach the required level, or nothing runs.
     if terms.refusal is None:
-        assert level_at_least(capability.level, terms.required_level)
+        assert level_at_least(capability.claims, terms.required_level)
         assert terms.network == request.network
     else:
         assert terms.refusal.kind in (
