@@ -168,6 +168,10 @@ class BwrapBackend(Backend):
             "--perms", "0700", "--size", str(s.workspace_bytes), "--tmpfs", WORKSPACE,
             "--perms", "0700", "--size", str(s.tmp_bytes), "--tmpfs", TMP,
             "--perms", "0700", "--size", str(s.shm_bytes), "--tmpfs", "/dev/shm",
+            # The root and /dev are bwrap's own tmpfs mounts, owned by the sandbox's uid and
+            # without a size cap: once every mount point exists, nothing more is written there.
+            "--remount-ro", "/dev",
+            "--remount-ro", "/",
             "--chdir", WORKSPACE,
             "--clearenv",
         ]
@@ -236,6 +240,7 @@ class _Launched(Launched):
     ) -> None:
         self.process = process
         self.channel = channel
+        self._channel = channel
         self.mechanisms = mechanisms
         self.stdout = process.stdout
         self.stderr = process.stderr
@@ -253,7 +258,7 @@ class _Launched(Launched):
             if isinstance(child, int) and child > 1:
                 with suppress(OSError):
                     self._init_fd = os.pidfd_open(child)
-            raw = self.channel.host_socket()
+            raw = self._channel.host_socket()
             async with anyio.create_task_group() as tg:
 
                 async def spoke() -> None:
@@ -325,7 +330,7 @@ class _Launched(Launched):
                 signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
 
 
-def _readable_now(sock: object) -> bool:
+def _readable_now(sock: socket.socket) -> bool:
     import select
 
     try:
@@ -350,7 +355,7 @@ def _as_inner_status(status: ExitStatus) -> ExitStatus:
     """The program's fate from bwrap's: bwrap exits 128+N when its child died of signal N."""
     code, sig = status.code, status.signal
     if code is not None and 128 < code < 128 + 65:
-        code, sig = None, code - 128
+        sig, code = code - 128, None
     # Not measured: bwrap's monitor never reaps the tree, so wait4 saw only bwrap itself.
     return ExitStatus(code=code, signal=sig, cpu_seconds=None, peak_memory_bytes=None)
 

@@ -1,0 +1,360 @@
+"""Containment under bwrap, asserted from the host: what the program could not read, reach,
+write or leave behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from bwrap_support import marker, pids_with, requires_bwrap, run, wait_for_pids
+
+pytestmark = [requires_bwrap, pytest.mark.anyio]
+
+ISOLATING = ("filesystem", "network", "process_tree", "identity")
+
+
+@pytest.fixture
+def host_secret() -> Iterator[tuple[Path, str]]:
+    """A world-readable file in a world-readable directory of the host's /tmp."""
+    secret = uuid.uuid4().hex
+    directory = Path(tempfile.mkdtemp(prefix="psych-bwrap-canary-"))
+    os.chmod(directory, 0o755)
+    path = directory / "canary"
+    path.write_text(secret)
+    os.chmod(path, 0o644)
+    try:
+        yield path, secret
+    finally:
+        path.unlink()
+        directory.rmdir()
+
+
+async def test_level_isolated_with_isolating_grades_enforced() -> None:
+    result = await run("print(2 + 2)")
+    assert result.error is None, result.error
+    assert result.stdout == "4\n"
+    assert result.level == "isolated"
+    for guarantee in ISOLATING:
+        assert result.grades[guarantee] == "enforced", guarantee
+    assert result.backend.id == "bwrap"
+    assert result.backend.distribution == "psych-sandbox-bwrap"
+    # Honest about usage: bwrap never hands the tree's accounting to the host.
+    assert result.usage.measured_by == "none"
+
+
+async def test_canary_unreadable_by_absolute_path(host_secret: tuple[Path, str]) -> None:
+    path, secret = host_secret
+    result = await run(
+        f"try:\n    data = open({str(path)!r}).read()\nexcept OSError as e:\n"
+        f"    data = type(e).__name__\nprint(data)\ndata"
+    )
+    assert result.error is None, result.error
+    assert secret not in result.stdout
+    assert secret not in str(result.return_value)
+    assert result.grades["filesystem"] == "enforced"
+
+
+async def test_root_and_home_absent() -> None:
+    home = os.path.expanduser("~")
+    secret = uuid.uuid4().hex
+    planted = Path(home) / f".psych-bwrap-canary-{secret[:8]}"
+    planted.write_text(secret)
+    os.chmod(planted, 0o644)
+    try:
+        result = await run(
+            "import os\nseen = {}\n"
+            f"for p in ('/root', {home!r}, '/home', {str(planted)!r}):\n"
+            "    try:\n        seen[p] = open(p).read() if os.path.isfile(p) else os.listdir(p)\n"
+            "    except OSError as e:\n        seen[p] = type(e).__name__\n"
+            "seen"
+        )
+    finally:
+        planted.unlink()
+    assert result.error is None, result.error
+    assert secret not in str(result.return_value)
+    assert all(v == "FileNotFoundError" for v in result.return_value.values()), result.return_value
+
+
+async def test_host_processes_invisible() -> None:
+    mark = marker()
+    sleeper = subprocess.Popen(["sh", "-c", "sleep 60", mark])
+    try:
+        result = await run(
+            "import os\nlines = []\n"
+            "for e in os.listdir('/proc'):\n"
+            "    if e.isdigit():\n"
+            "        try:\n            lines.append(open(f'/proc/{e}/cmdline', 'rb').read().decode(errors='replace'))\n"
+            "        except OSError:\n            pass\n"
+            "lines"
+        )
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert result.error is None, result.error
+    cmdlines = result.return_value
+    assert cmdlines, "the program saw no process at all, not even itself"
+    assert not any(mark in c for c in cmdlines)
+    assert not any("pytest" in c for c in cmdlines)
+    # bwrap's init and the program itself: nothing else.
+    assert len(cmdlines) <= 3, cmdlines
+
+
+async def test_no_connection_to_loopback_listeners() -> None:
+    accepted = {"4": 0, "6": 0}
+    listeners = []
+    async with anyio.create_task_group() as tg:
+        ports = {}
+        for family, host, af in (("4", "127.0.0.1", socket.AF_INET), ("6", "::1", socket.AF_INET6)):
+            listener = await anyio.create_tcp_listener(local_host=host, local_port=0, family=af)
+            listeners.append(listener)
+            ports[family] = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+            async def count(stream: anyio.abc.SocketStream, family: str = family) -> None:
+                accepted[family] += 1
+                await stream.aclose()
+
+            tg.start_soon(listener.serve, count)
+        result = await run(
+            "import socket\nout = {}\n"
+            f"for fam, addr in ((socket.AF_INET, ('127.0.0.1', {ports['4']})), "
+            f"(socket.AF_INET6, ('::1', {ports['6']}))):\n"
+            "    s = socket.socket(fam)\n    s.settimeout(2)\n"
+            "    try:\n        s.connect(addr); out[str(fam)] = 'connected'\n"
+            "    except OSError as e:\n        out[str(fam)] = type(e).__name__\n"
+            "    finally:\n        s.close()\nout"
+        )
+        # A control: the listeners do count a connection from the host itself.
+        with socket.create_connection(("127.0.0.1", ports["4"])):
+            pass
+        with anyio.fail_after(10):
+            while accepted["4"] < 1:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    for listener in listeners:
+        await listener.aclose()
+    assert result.error is None, result.error
+    assert accepted == {"4": 1, "6": 0}
+    assert "connected" not in result.return_value.values()
+    assert result.grades["network"] == "enforced"
+
+
+async def test_run_dir_and_docker_socket_absent() -> None:
+    # A listener under the host's /run stands for any host service socket there.
+    path = f"/run/psych-bwrap-{uuid.uuid4().hex[:12]}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen(8)
+    server.setblocking(False)
+    try:
+        result = await run(
+            "import socket, os\nout = {}\n"
+            f"for p in ({path!r}, '/var/run/docker.sock', '/run/docker.sock'):\n"
+            "    s = socket.socket(socket.AF_UNIX)\n"
+            "    try:\n        s.connect(p); out[p] = 'connected'\n"
+            "    except OSError as e:\n        out[p] = type(e).__name__\n"
+            "    finally:\n        s.close()\n"
+            "out['/var/run exists'] = os.path.exists('/var/run')\nout"
+        )
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    finally:
+        server.close()
+        os.unlink(path)
+    assert result.error is None, result.error
+    assert result.return_value[path] == "FileNotFoundError"
+    assert result.return_value["/var/run/docker.sock"] == "FileNotFoundError"
+    assert result.return_value["/var/run exists"] is False
+
+
+async def test_identity_seen_from_the_host() -> None:
+    """The program's process, inspected from the host: unprivileged, no capabilities, no new
+    privileges, in namespaces of its own."""
+    mark = marker()
+    outcome: dict[str, object] = {}
+
+    async def inspect() -> None:
+        (pid,) = await wait_for_pids(mark)
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+        outcome["uid"] = [int(x) for x in status["Uid"].split()]
+        outcome["capeff"] = int(status["CapEff"].strip(), 16)
+        outcome["capprm"] = int(status["CapPrm"].strip(), 16)
+        outcome["nnp"] = status["NoNewPrivs"].strip()
+        outcome["namespaces"] = {
+            ns: os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
+            for ns in ("user", "pid", "net", "mnt", "ipc", "uts")
+        }
+        os.kill(pid, signal.SIGTERM)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(inspect)
+        result = await run(
+            "import subprocess, sys\n"
+            f"subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', {mark!r}])"
+            ".returncode"
+        )
+    assert result.error is None, result.error
+    assert result.return_value == -signal.SIGTERM
+    host_uid = os.getuid()
+    expected = 65534 if host_uid == 0 else host_uid
+    assert outcome["uid"] == [expected] * 4
+    assert outcome["capeff"] == 0
+    assert outcome["capprm"] == 0
+    assert outcome["nnp"] == "1"
+    assert all(outcome["namespaces"].values()), outcome["namespaces"]  # type: ignore[union-attr]
+
+
+async def test_kernel_settings_not_writable() -> None:
+    setting = "/proc/sys/fs/aio-max-nr"
+    before = Path(setting).read_text()
+    result = await run(
+        "import os\nwrote = []\n"
+        "for root, dirs, files in os.walk('/proc/sys'):\n"
+        "    for f in files:\n        p = os.path.join(root, f)\n"
+        "        try:\n            fd = os.open(p, os.O_WRONLY)\n"
+        "        except OSError:\n            continue\n"
+        "        wrote.append(p); os.close(fd)\n"
+        f"try:\n    open({setting!r}, 'w').write('4242')\nexcept OSError as e:\n"
+        "    pass\nwrote"
+    )
+    assert result.error is None, result.error
+    assert Path(setting).read_text() == before
+    assert result.return_value == []
+
+
+async def test_writes_outside_the_workspace_impossible() -> None:
+    drop = Path(tempfile.mkdtemp(prefix="psych-bwrap-drop-"))
+    os.chmod(drop, 0o777)
+    try:
+        result = await run(
+            "import os\nok = []\n"
+            f"for p in ({str(drop / 'x')!r}, '/usr/x', '/x', '/proc/x', '/dev/x', '/bin/x', "
+            "'/tmpx', '/workspace/../x'):\n"
+            "    try:\n        open(p, 'w').write('x'); ok.append(p)\n"
+            "    except OSError:\n        pass\n"
+            "open('inside', 'w').write('fine')\nok"
+        )
+        assert result.error is None, result.error
+        assert list(drop.iterdir()) == []
+        assert not Path("/usr/x").exists() and not Path("/x").exists()
+        assert result.return_value == []
+    finally:
+        for child in drop.iterdir():
+            child.unlink()
+        drop.rmdir()
+
+
+async def test_workspace_gone_after_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"psych-bwrap-left-{uuid.uuid4().hex}"
+    private = Path(tempfile.mkdtemp(prefix="psych-bwrap-tmp-"))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    result = await run(
+        "import os\n"
+        f"for d in ('.', '/tmp', '/dev/shm'):\n    open(os.path.join(d, {name!r}), 'w').write('x')\n"
+        "os.getcwd()"
+    )
+    assert result.error is None, result.error
+    assert result.return_value == "/workspace"
+    found = subprocess.run(
+        ["find", "/tmp", "/dev/shm", "/var/tmp", "/run", "-name", name],
+        capture_output=True, text=True, check=False,
+    ).stdout
+    assert found == ""
+    # Nothing of the execution's is left in the host's temporary directory either.
+    assert list(private.iterdir()) == []
+    private.rmdir()
+
+
+async def test_nothing_left_running_after_a_setsid_double_fork() -> None:
+    mark = marker()
+    result = await run(
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(300)', {mark!r}])\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        "# Return only once the daemon is running, so the test sees it was there to kill.\n"
+        "deadline = time.monotonic() + 20\n"
+        "while time.monotonic() < deadline:\n"
+        "    if any(" + repr(mark) + ".encode() in open(f'/proc/{p}/cmdline','rb').read()\n"
+        "           for p in os.listdir('/proc') if p.isdigit() and p != str(os.getpid())):\n"
+        "        break\n"
+        "    time.sleep(0.01)\n"
+        "else:\n    raise SystemExit('daemon never started')\n"
+        "'started'"
+    )
+    assert result.error is None, result.error
+    assert result.return_value == "started"
+    assert pids_with(mark) == []
+
+
+async def test_fork_bomb_bounded_by_process_count_with_host_responsive() -> None:
+    result = await run(
+        "import os, time\nmade = 0\n"
+        "try:\n    for _ in range(500):\n        pid = os.fork()\n"
+        "        if pid == 0:\n            time.sleep(60)\n            os._exit(0)\n"
+        "        made += 1\nexcept OSError as e:\n    err = type(e).__name__\nelse:\n    err = None\n"
+        "[made, err]",
+        processes=16,
+    )
+    # The host still starts processes while, and after, the bomb went off.
+    assert subprocess.run(["true"], check=False).returncode == 0
+    assert result.error is None, result.error
+    made, err = result.return_value
+    assert err == "BlockingIOError"
+    assert made < 16
+
+
+async def test_memory_bomb_stopped() -> None:
+    result = await run("x = bytearray(4 * 1024**3)\nlen(x)", memory_bytes=256 * 1024 * 1024)
+    assert result.error is not None
+    assert result.error.kind.value == "memory_limit"
+
+
+async def test_disk_fill_stopped_at_the_file_size_cap() -> None:
+    cap = 1024 * 1024
+    result = await run(
+        "written = 0\n"
+        "with open('big', 'wb', buffering=0) as fh:\n"
+        "    try:\n        for _ in range(64):\n            written += fh.write(b'x' * 65536)\n"
+        "    except OSError as e:\n        err = e.errno\n"
+        "import errno\n[written, errno.errorcode.get(err)]",
+        file_size_bytes=cap,
+    )
+    assert result.error is None, result.error
+    written, err = result.return_value
+    assert err == "EFBIG"
+    assert written == cap
+
+
+async def test_tmpfs_fill_stopped_at_the_tmpfs_cap() -> None:
+    size = 4 * 1024 * 1024
+    result = await run(
+        "import errno\nwritten = 0\nerr = None\n"
+        "for d in ('.', '/tmp', '/dev/shm'):\n"
+        "    for i in range(1000):\n"
+        "        try:\n            with open(f'{d}/f{i}', 'wb', buffering=0) as fh:\n"
+        "                written += fh.write(b'x' * 262144)\n"
+        "        except OSError as e:\n            err = errno.errorcode.get(e.errno)\n            break\n"
+        "[written, err]",
+        options={"workspace_bytes": size, "tmp_bytes": size, "shm_bytes": size},
+        file_size_bytes=1024 * 1024,
+    )
+    assert result.error is None, result.error
+    written, err = result.return_value
+    assert err == "ENOSPC"
+    # Three filesystems, each stopped at its cap, although no single file reached the
+    # file-size limit.
+    assert written <= 3 * size
+    assert written >= 3 * (size - 2 * 262144)
