@@ -1,0 +1,85 @@
+"""A third party's backend, shipped as its own distribution: installed for real into this
+environment, found through its entry point, run, and listed by doctor."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from psych_sandbox_core import Sandbox
+from psych_sandbox_core.doctor import diagnose
+from psych_sandbox_core.profiles import DeploymentConfig
+from psych_sandbox_core.registry import BackendRegistry
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "psych-sandbox-example-backend"
+DISTRIBUTION = "psych-sandbox-example-backend"
+
+
+def _pip(*args: str) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+@pytest.fixture(scope="session")
+def example_installed() -> Iterator[None]:
+    # No build isolation: the build backend is a test dependency, so this works offline.
+    _pip("install", "--no-deps", "--no-build-isolation", str(EXAMPLE))
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        # Left installed, it would be one more backend every other test's default sees.
+        _pip("uninstall", "-y", DISTRIBUTION)
+        importlib.invalidate_caches()
+
+
+@pytest.mark.anyio
+async def test_the_example_backend_is_found_through_its_entry_point_and_runs(
+    example_installed: None,
+) -> None:
+    registry = BackendRegistry()
+    assert "example" in registry.ids()
+    registered = registry.get("example")
+    assert registered.distribution == DISTRIBUTION
+    assert registered.version == "0.1.0"
+    async with Sandbox(registry=registry) as box:
+        result = await box.run("print('from a plugin')\nreturn 6 * 7", profile="example")
+    assert result.error is None, result.error
+    assert result.return_value == 42
+    assert result.stdout == "from a plugin\n"
+    assert result.backend.id == "example"
+    assert result.backend.distribution == DISTRIBUTION
+
+
+@pytest.mark.anyio
+async def test_doctor_lists_the_example_backend(example_installed: None) -> None:
+    report = await diagnose(DeploymentConfig(), BackendRegistry())
+    rows = {row["id"]: row for row in report["backends"]}
+    assert rows["example"]["works"] is True
+    assert rows["example"]["distribution"] == DISTRIBUTION
+    assert rows["example"]["level"] == "process"
+    assert rows["example"]["grades"]["filesystem"] == "unavailable"
+    assert any(p["name"] == "example" and p["backend"] == "example" for p in report["profiles"])
+
+
+def test_the_cli_doctor_shows_the_example_backend(example_installed: None) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "psych_sandbox_core.cli", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    assert "example" in {row["id"] for row in report["backends"]}
