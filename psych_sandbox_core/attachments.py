@@ -456,3 +456,52 @@ def unavailable_failure(message: str, failure: ExecutionFailure | None) -> Execu
             exception_type=failure.exception_type,
         )
     return ExecutionFailure.of(ErrorKind.ARTIFACTS_UNAVAILABLE, message)
+
+
+async def export_artifacts(
+    ledger: AttachmentLedger,
+    *,
+    tenant: str,
+    run_id: str,
+    artifacts: list[ArtifactInfo],
+    directory: str,
+) -> tuple[list[str], list[str]]:
+    """Write a result's artifacts under ``directory`` (see artifacts.write_artifacts).
+
+    Returns the paths written and those not written because only a preview was kept.
+    """
+    from .artifacts import write_artifacts
+
+    files: list[tuple[str, bytes]] = []
+    partial: list[str] = []
+    for artifact in artifacts:
+        if not ledger.describe(artifact.attachment, tenant=tenant, run_id=run_id).complete:
+            partial.append(artifact.path)
+            continue
+        data = await ledger.read_all(artifact.attachment, tenant=tenant, run_id=run_id)
+        files.append((artifact.path, data))
+    return write_artifacts(directory, files), partial
+
+
+def summary_lines(
+    attachments: list[Attachment], artifacts: list[ArtifactInfo], skipped: list[SkippedEntry],
+    skipped_unlisted: int = 0,
+) -> list[str]:
+    """Lines listing attachments and artifacts, for a person reading the CLI's output."""
+    lines: list[str] = []
+    for attachment in attachments:
+        where = {"inline": "inline", "blob": "stored", "preview_only": "preview only"}
+        lines.append(
+            f"attachment {attachment.name}: {attachment.size_bytes} bytes, "
+            f"{attachment.content_type}, {where[attachment.stored]} ({attachment.handle})"
+        )
+    for artifact in artifacts:
+        lines.append(
+            f"artifact {artifact.path}: {artifact.size_bytes} bytes, {artifact.content_type}, "
+            f"sha256 {artifact.sha256[:16]}…"
+        )
+    for entry in skipped:
+        lines.append(f"skipped {entry.path}: {entry.reason}")
+    if skipped_unlisted:
+        lines.append(f"skipped {skipped_unlisted} more entries")
+    return lines

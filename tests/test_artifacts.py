@@ -252,3 +252,30 @@ os.getcwd()
             assert SECRET not in window.data
     assert host_file.read_bytes() == SECRET
     assert not os.path.exists(workspace)  # removed, read-only tree and all
+
+
+def test_cli_writes_artifacts_without_following_links_or_overwriting(tmp_path: Path) -> None:
+    from psych_sandbox_core.artifacts import ArtifactExportError, write_artifacts
+    from psych_sandbox_core.cli import main
+
+    program = tmp_path / "prog.py"
+    program.write_text("import os\nos.makedirs('out')\nopen('out/r.txt', 'w').write('r')\n")
+    target = tmp_path / "dest"
+    assert main(["run", "--profile", "subprocess", "--artifacts", str(target), str(program)]) == 0
+    assert (target / "out" / "r.txt").read_text() == "r"
+    # A second run into the same folder refuses to overwrite.
+    assert main(["run", "--profile", "subprocess", "--artifacts", str(target), str(program)]) == 2
+    # A link planted in the destination is not followed out of it.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    other = tmp_path / "dest2"
+    other.mkdir()
+    (other / "out").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ArtifactExportError, match="not a folder"):
+        write_artifacts(str(other), [("out/r.txt", b"r")])
+    (other / "f").symlink_to(outside / "victim")
+    with pytest.raises(ArtifactExportError, match="overwrite"):
+        write_artifacts(str(other), [("f", b"x")])
+    with pytest.raises(ArtifactExportError, match="safe"):
+        write_artifacts(str(other), [("../escape", b"x")])
+    assert list(outside.iterdir()) == []
