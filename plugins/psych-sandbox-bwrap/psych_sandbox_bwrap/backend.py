@@ -263,7 +263,10 @@ class _Launched(Launched):
 
                 async def spoke() -> None:
                     await anyio.wait_readable(raw)
-                    tg.cancel_scope.cancel()
+                    if _has_data(raw):
+                        tg.cancel_scope.cancel()
+                    # Else the end of the stream: everyone holding the child's end is gone,
+                    # and the process's exit decides.
 
                 async def died() -> None:
                     nonlocal exited
@@ -273,7 +276,7 @@ class _Launched(Launched):
 
                 tg.start_soon(spoke)
                 tg.start_soon(died)
-        if not exited or _readable_now(raw):
+        if not exited or _has_data(raw):
             return
         status = await self.finish()
         message = await _read_some(self.process.stderr, STARTUP_STDERR_BYTES)
@@ -330,14 +333,12 @@ class _Launched(Launched):
                 signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
 
 
-def _readable_now(sock: socket.socket) -> bool:
-    import select
-
+def _has_data(sock: socket.socket) -> bool:
+    """Whether a byte is waiting (peeked, not consumed); False at end of stream."""
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:
         return False
-    return bool(readable)
 
 
 async def _read_some(stream: anyio.abc.ByteReceiveStream, limit: int) -> str:

@@ -1,0 +1,34 @@
+"""Run by the selection tests as another identity (not collected by pytest): selects the
+default profile's backend, runs one program under bwrap, and prints one JSON object."""
+
+import json
+import site
+import sys
+
+site.addsitedir(sys.argv[1])  # the test environment's packages, reachable by any uid
+
+import anyio  # noqa: E402
+from psych_sandbox_core import Sandbox  # noqa: E402
+from psych_sandbox_core.sandbox import availability  # noqa: E402
+
+PROGRAM = sys.argv[2]
+
+
+async def main() -> None:
+    async with Sandbox() as sandbox:
+        bwrap = await availability(sandbox.registry, "bwrap")
+        selected = await sandbox.strongest_working_backend()
+        result = await sandbox.run(PROGRAM, profile="bwrap")
+    print(json.dumps({
+        "bwrap_available": bwrap.available,
+        "bwrap_reason": bwrap.reason,
+        "selected": selected,
+        "level": result.level,
+        "grades": result.grades,
+        "error": None if result.error is None else [result.error.kind.value, result.error.message],
+        "stdout": result.stdout,
+        "return_value": result.return_value,
+    }))
+
+
+anyio.run(main)
