@@ -278,8 +278,11 @@ async def test_output_is_captured_separately_and_capped() -> None:
         stderr_bytes=100,
     )
     assert result.error is None
-    assert result.stdout == "o" * 1000 and result.stderr == "e" * 100
+    # What reaches the model is a preview of what was captured; the counts are exact.
+    assert result.stdout.startswith("o" * 100) and "e" * 10 not in result.stdout
+    assert result.stderr.startswith("e" * 50) and "o" * 10 not in result.stderr
     assert result.stdout_info.total_bytes == 10000
+    assert result.stdout_info.captured_bytes == 1000
     assert result.stdout_info.dropped_bytes == 9000
     assert result.stderr_info.total_bytes == 300
 
@@ -295,5 +298,7 @@ async def test_printed_frames_are_just_output() -> None:
 async def test_nothing_survives_between_runs() -> None:
     async with Sandbox(config()) as sandbox:
         first = await sandbox.run("import builtins\nbuiltins.LEFTOVER = 1\n", profile=PROFILE)
-        second = await sandbox.run("import builtins\nhasattr(builtins, 'LEFTOVER')", profile=PROFILE)
+        second = await sandbox.run(
+            "import builtins\nhasattr(builtins, 'LEFTOVER')", profile=PROFILE
+        )
     assert first.error is None and second.return_value is False

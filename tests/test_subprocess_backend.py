@@ -1,0 +1,492 @@
+"""The subprocess backend, asserted from the host: environment, working directory, teardown
+of a detached process tree, output floods, CPU and wall-clock limits, inherited limits, every
+failure kind provoked for real, and nothing leaked afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from psych_sandbox_core import ErrorKind, Level, Sandbox
+from psych_sandbox_core.errors import DEPLOYMENT_KINDS
+
+from .conftest import (
+    PROFILE,
+    config,
+    host_rss,
+    host_rss_peak,
+    host_rss_peak_reset,
+    marker,
+    open_fds,
+    pids_with,
+    run,
+    sleeper_argv_source,
+    wait_for_pids,
+)
+
+pytestmark = pytest.mark.anyio
+BOTH = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    # Heavy tests run once; the ones about teardown run on both loops (marked BOTH).
+    return "asyncio"
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def kill_all(mark: str) -> None:
+    for pid in pids_with(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+async def run_and_inspect(source: str, mark: str, inspect: Any, **limits: Any) -> Any:
+    """Run ``source``, which must exec a process carrying ``mark``; call ``inspect(pid)`` while
+    it lives, then kill it from the host so the execution ends."""
+    result: Any = None
+    seen: Any = None
+
+    async def execution() -> None:
+        nonlocal result
+        result = await run(source, **limits)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(execution)
+            (pid,) = await wait_for_pids(mark, present=True)
+            seen = inspect(pid)
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        kill_all(mark)
+    return result, seen
+
+
+EXEC_SLEEPER = "import os, sys\nos.execv(sys.executable, {argv})\n"
+
+
+# ---------------------------------------------------------------- environment
+
+#: What CPython itself adds to its own environment at start-up (PEP 538 locale coercion when
+#: the locale is C): set inside the child, never copied from the host.
+INTERPRETER_SET = {"LC_CTYPE"}
+
+
+async def test_host_environment_secret_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = f"hunter2-{marker()}"
+    monkeypatch.setenv("PSYCH_SANDBOX_TEST_SECRET", secret)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    mark = marker()
+
+    def environ(pid: int) -> dict[str, str]:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read().split(b"\0")
+        return dict(item.decode().partition("=")[::2] for item in raw if item)
+
+    result, env = await run_and_inspect(
+        EXEC_SLEEPER.format(argv=sleeper_argv_source(mark)), mark, environ
+    )
+    # Read by the host from the kernel, not from what the program said.
+    assert set(env) - INTERPRETER_SET == {"TMPDIR"}
+    assert secret not in json.dumps(env)
+    assert result.error is not None and result.error.kind is ErrorKind.WORKER_EXIT
+
+
+async def test_program_sees_only_the_allow_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PSYCH_SANDBOX_TEST_SECRET", "s3cr3t")
+    result = await run("import os\nsorted(os.environ)")
+    assert result.error is None
+    assert set(result.return_value) - INTERPRETER_SET == {"TMPDIR"}
+
+
+# ---------------------------------------------------------------- working directory
+
+
+async def test_working_directory_is_private_and_removed(private_tmp: Path) -> None:
+    outside = private_tmp / "outside"
+    outside.mkdir()
+    target = outside / "keep-me"
+    target.write_text("host data")
+    os.chmod(outside, 0o777)
+    mark = marker()
+    source = src(f"""
+        import os
+        open("made-by-program", "w").write("x")
+        os.symlink({str(outside)!r}, "link-to-outside")
+        os.symlink({str(target)!r}, "link-to-file")
+        os.makedirs("locked/inner")
+        open("locked/inner/f", "w").write("x")
+        os.chmod("locked/inner", 0)
+        os.chmod("locked", 0o500)
+    """) + EXEC_SLEEPER.format(argv=sleeper_argv_source(mark))
+
+    def workspace(pid: int) -> tuple[str, os.stat_result, list[str]]:
+        path = os.readlink(f"/proc/{pid}/cwd")
+        return path, os.stat(path), sorted(os.listdir(path))
+
+    result, (path, info, listing) = await run_and_inspect(source, mark, workspace)
+    assert result.error is not None and result.error.kind is ErrorKind.WORKER_EXIT
+    assert Path(path).parent == private_tmp and path != os.getcwd()
+    assert stat.S_IMODE(info.st_mode) == 0o700
+    if os.geteuid() == 0:
+        assert info.st_uid != 0, "the workspace belongs to the program's unprivileged uid"
+    assert listing == ["link-to-file", "link-to-outside", "locked", "made-by-program"]
+    # Removed afterwards, without following the links out of it.
+    assert not os.path.lexists(path)
+    assert target.read_text() == "host data"
+    assert sorted(p.name for p in private_tmp.iterdir()) == ["outside"]
+
+
+async def test_each_run_gets_a_fresh_directory(private_tmp: Path) -> None:
+    async with Sandbox(config()) as sandbox:
+        first = await sandbox.run("import os\nopen('f','w').close()\nos.getcwd()", profile=PROFILE)
+        second = await sandbox.run("import os\n[os.getcwd(), os.listdir()]", profile=PROFILE)
+    assert first.error is None and second.error is None
+    assert first.return_value != second.return_value[0]
+    assert second.return_value[1] == []
+    assert list(private_tmp.iterdir()) == []
+
+
+# ---------------------------------------------------------------- teardown
+
+DETACHED_GRANDCHILD = """
+import os, sys, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+r, w = os.pipe()
+os.set_inheritable(w, True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        code = "import os, sys, signal, time\\n" \\
+               "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n" \\
+               "os.write(int(sys.argv[1]), b'x')\\n" \\
+               "while True: time.sleep(1)"
+        os.execv(sys.executable, [sys.executable, "-c", code, str(w), {mark!r}])
+    os._exit(0)
+os.close(w)
+assert os.read(r, 1) == b"x"   # the detached grandchild is running
+os.wait()
+"""
+
+
+@BOTH
+async def test_detached_grandchild_dies_when_the_program_returns() -> None:
+    mark = marker()
+    try:
+        result = await run(DETACHED_GRANDCHILD.format(mark=mark) + "'spawned'")
+        assert result.error is None, result.error
+        assert result.return_value == "spawned"
+        # Checked from the host: no process carrying the marker outlives the execution.
+        await wait_for_pids(mark, present=False)
+    finally:
+        kill_all(mark)
+
+
+@BOTH
+async def test_detached_grandchild_dies_at_wall_clock_timeout() -> None:
+    mark = marker()
+    source = DETACHED_GRANDCHILD.format(mark=mark) + "while True:\n    time.sleep(1)\n"
+    result: Any = None
+
+    async def execution() -> None:
+        nonlocal result
+        result = await run(source, wall_seconds=3.0, grace_seconds=0.2)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(execution)
+            pids = await wait_for_pids(mark, present=True)
+        assert result.error is not None and result.error.kind is ErrorKind.TIMEOUT
+        assert "wall-clock" in result.error.message
+        for pid in pids:
+            # The very pids seen alive during the run: gone, or at most an unreaped zombie.
+            with anyio.fail_after(20):
+                while _alive(pid):
+                    await anyio.sleep(0.02)
+    finally:
+        kill_all(mark)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+async def test_cancelling_a_run_leaves_nothing_behind(private_tmp: Path) -> None:
+    mark = marker()
+    source = DETACHED_GRANDCHILD.format(mark=mark) + "while True:\n    time.sleep(1)\n"
+    try:
+        async with Sandbox(config()) as sandbox, anyio.create_task_group() as tg:
+
+            async def execution() -> None:
+                await sandbox.run(source, profile=PROFILE)
+                raise AssertionError("the run should have been cancelled")
+
+            tg.start_soon(execution)
+            await wait_for_pids(mark, present=True)
+            tg.cancel_scope.cancel()
+        await wait_for_pids(mark, present=False)
+        assert list(private_tmp.iterdir()) == []
+    finally:
+        kill_all(mark)
+
+
+# ---------------------------------------------------------------- output floods
+
+
+async def test_printing_500_mb_is_capped_and_host_memory_stays_bounded() -> None:
+    source = src("""
+        import sys
+        chunk = "x" * (1 << 20)
+        for _ in range(500):
+            sys.stdout.write(chunk)
+        for _ in range(50):
+            sys.stderr.write(chunk)
+        "done"
+    """)
+    baseline = host_rss()
+    reset = host_rss_peak_reset()
+    result = await run(source, cpu_seconds=60, wall_seconds=110.0)
+    assert result.error is None, result.error
+    assert result.return_value == "done"
+    assert result.stdout_info.total_bytes == 500 << 20
+    assert result.stdout_info.captured_bytes == 64 * 1024
+    assert result.stderr_info.total_bytes == 50 << 20
+    assert result.stderr_info.captured_bytes == 64 * 1024
+    growth = (host_rss_peak() if reset else host_rss()) - baseline
+    print(f"host peak RSS growth while draining 550 MB: {growth / 2**20:.1f} MiB")
+    assert growth < 64 << 20, f"the host grew by {growth} bytes while draining the flood"
+
+
+# ---------------------------------------------------------------- CPU and wall clock
+
+
+@pytest.mark.parametrize("trap", [False, True], ids=["plain", "traps-SIGXCPU"])
+async def test_cpu_loop_is_killed_and_classified_timeout(trap: bool) -> None:
+    source = "import signal\n"
+    if trap:
+        source += "signal.signal(signal.SIGXCPU, lambda *a: None)\n"
+    source += "while True:\n    pass\n"
+    result = await run(source, cpu_seconds=1, wall_seconds=100.0)
+    error = result.error
+    assert error is not None and error.kind is ErrorKind.TIMEOUT
+    assert "CPU limit" in error.message
+    assert result.usage.cpu_seconds is not None and result.usage.cpu_seconds > 0
+
+
+async def test_wall_clock_timeout_kills_a_sleeping_program() -> None:
+    result = await run("import time\ntime.sleep(600)", wall_seconds=1.0)
+    error = result.error
+    assert error is not None and error.kind is ErrorKind.TIMEOUT
+    assert "wall-clock" in error.message
+
+
+async def test_run_timeout_argument_narrows_the_wall_clock() -> None:
+    async with Sandbox(config(wall_seconds=100.0)) as sandbox:
+        result = await sandbox.run("import time\ntime.sleep(600)", profile=PROFILE, timeout=1)
+    assert result.error is not None and result.error.kind is ErrorKind.TIMEOUT
+
+
+# ---------------------------------------------------------------- inherited limits
+
+INNER_HOST = """
+import json, sys, anyio
+from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+limits = ExecutionLimits(**json.loads(sys.argv[1]))
+cfg = DeploymentConfig(profiles={"t": ProfileConfig(backend="subprocess", limits=limits)})
+async def main():
+    async with Sandbox(cfg) as sandbox:
+        # Hex, so the marker in the program is not on this host's own command line.
+        result = await sandbox.run(bytes.fromhex(sys.argv[2]).decode(), profile="t")
+    print(json.dumps(result.to_json_object()))
+anyio.run(main)
+"""
+
+MiB = 1 << 20
+
+
+def _lower_inherited_limits() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CPU, (20, 40))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 * MiB, resource.RLIM_INFINITY))
+    resource.setrlimit(resource.RLIMIT_NPROC, (100, 100))
+
+
+def _read_limits(pid: int) -> dict[str, tuple[int | None, int | None]]:
+    out: dict[str, tuple[int | None, int | None]] = {}
+    names = {
+        "Max cpu time": "cpu",
+        "Max file size": "fsize",
+        "Max processes": "nproc",
+        "Max address space": "as",
+        "Max core file size": "core",
+    }
+    with open(f"/proc/{pid}/limits") as fh:
+        for line in fh:
+            for label, key in names.items():
+                if line.startswith(label):
+                    soft, hard = line[len(label):].split()[:2]
+                    out[key] = tuple(  # type: ignore[assignment]
+                        None if v == "unlimited" else int(v) for v in (soft, hard)
+                    )
+    return out
+
+
+async def test_limits_are_clamped_against_inherited_never_raised() -> None:
+    mark = marker()
+    requested = {
+        "cpu_seconds": 30,             # soft above inherited 20, hard 31 below inherited 40
+        "file_size_bytes": 64 * MiB,   # above inherited soft 1 MiB, below unlimited hard
+        "processes": 1000,             # above inherited 100/100
+        "memory_bytes": 512 * MiB,     # below inherited unlimited
+        "wall_seconds": 60.0,
+    }
+    program = EXEC_SLEEPER.format(argv=sleeper_argv_source(mark))
+    inner = subprocess.Popen(
+        [sys.executable, "-c", INNER_HOST, json.dumps(requested), program.encode().hex()],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_lower_inherited_limits,
+    )
+    try:
+        (pid,) = await wait_for_pids(mark, present=True, deadline=60)
+        observed = _read_limits(pid)
+        os.kill(pid, signal.SIGKILL)
+        out, _ = await anyio.to_thread.run_sync(inner.communicate)
+    finally:
+        kill_all(mark)
+        if inner.poll() is None:
+            inner.kill()
+            inner.wait()
+    assert observed["cpu"] == (20, 31)
+    assert observed["fsize"] == (1 * MiB, 64 * MiB)
+    assert observed["nproc"] == (100, 100)
+    assert observed["as"] == (512 * MiB, 512 * MiB)
+    assert observed["core"] == (0, 0)
+    assert json.loads(out)["error"]["kind"] == "worker_exit"
+
+
+async def test_file_size_limit_stops_a_disk_filler() -> None:
+    result = await run(
+        "f = open('big', 'wb')\nf.write(b'x' * (3 << 20))\nf.flush()", file_size_bytes=1 << 20
+    )
+    # RLIMIT_FSIZE: the write fails (SIGXFSZ is ignored by Python) instead of filling the disk.
+    assert result.error is not None and result.error.kind is ErrorKind.EXCEPTION
+    assert "File too large" in result.error.message
+
+
+# ---------------------------------------------------------------- every kind, provoked
+
+
+def _bad_interpreter(directory: Path) -> str:
+    path = directory / "not-an-interpreter"
+    path.write_bytes(b"\x00\x01garbage, not an executable format")
+    os.chmod(path, 0o755)
+    return str(path)
+
+
+KIND_CASES: list[tuple[str, str, dict[str, Any]]] = [
+    ("exception", "raise ValueError('bad')", {}),
+    ("timeout", "while True: pass", {"cpu_seconds": 1}),
+    ("timeout", "import time\ntime.sleep(60)", {"wall_seconds": 1.0}),
+    ("worker_exit", "import os\nos._exit(3)", {}),
+    ("worker_exit", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", {}),
+    ("worker_exit", "import ctypes\nctypes.string_at(0)", {}),
+    ("invalid_output", "{1}", {}),
+    ("output_limit", "'x' * 100", {"return_value_bytes": 10}),
+    ("memory_limit", "bytearray(1 << 31)", {"memory_bytes": 256 * MiB}),
+    ("protocol_error", "import os, sys\n"
+     "fd = int(next(a for a in sys.argv if a.startswith('channel=fd:'))[11:])\n"
+     "os.write(fd, b'garbage\\n')\nimport time\ntime.sleep(60)", {}),
+]
+
+
+@pytest.mark.parametrize(("kind", "source", "limits"), KIND_CASES)
+async def test_every_program_side_kind(kind: str, source: str, limits: dict[str, Any]) -> None:
+    result = await run(source, **limits)
+    assert result.error is not None and result.error.kind.value == kind, result.error
+    assert result.error.guidance and result.error.message
+
+
+async def test_backend_not_ready_when_the_interpreter_cannot_start(private_tmp: Path) -> None:
+    options = {"interpreter": _bad_interpreter(private_tmp)}
+    async with Sandbox(config(options=options)) as sandbox:
+        result = await sandbox.run("1", profile=PROFILE)
+    error = result.error
+    assert error is not None and error.kind is ErrorKind.BACKEND_NOT_READY
+    assert "never the problem" in error.guidance
+    assert error.kind in DEPLOYMENT_KINDS
+
+
+async def test_worker_exit_before_the_handshake() -> None:
+    async with Sandbox(config(options={"interpreter": "false"})) as sandbox:
+        result = await sandbox.run("1", profile=PROFILE)
+    error = result.error
+    assert error is not None and error.kind is ErrorKind.WORKER_EXIT
+    assert "before the handshake" in error.message
+
+
+async def test_refused_terms_abort_before_anything_is_compiled(private_tmp: Path) -> None:
+    drop = private_tmp / "drop"
+    drop.mkdir()
+    os.chmod(drop, 0o777)
+    witness = drop / "ran"
+    source = f"open({str(witness)!r}, 'w').close()"
+    # Control: under acceptable terms the program does write the witness file.
+    assert (await run(source)).error is None and witness.exists()
+    witness.unlink()
+    async with Sandbox(config(required_level=Level.ISOLATED)) as sandbox:
+        result = await sandbox.run(source + "\nprint('ran')", profile=PROFILE)
+    error = result.error
+    assert error is not None and error.kind is ErrorKind.ISOLATION_UNAVAILABLE
+    assert "never the problem" in error.guidance
+    assert not witness.exists(), "the program ran although the terms were refused"
+    assert result.stdout == ""
+
+
+# ---------------------------------------------------------------- leaks
+
+
+@BOTH
+async def test_no_fd_or_temp_dir_leak_on_any_path(private_tmp: Path) -> None:
+    bad = _bad_interpreter(private_tmp)
+    before_tmp = sorted(p.name for p in private_tmp.iterdir())
+    ok_box = Sandbox(config(wall_seconds=2.0))
+    bad_box = Sandbox(config(options={"interpreter": bad}))
+    # Warm up: load plugins, resolve interpreters, probe namespaces once.
+    assert (await ok_box.run("1", profile=PROFILE)).error is None
+    await bad_box.run("1", profile=PROFILE)
+    fds = open_fds()
+    outcomes = [
+        (await ok_box.run("print('hi')\n1", profile=PROFILE)).error,
+        (await ok_box.run("1/0", profile=PROFILE)).error,
+        (await ok_box.run("import time\ntime.sleep(60)", profile=PROFILE)).error,
+        (await ok_box.run("import os\nos._exit(1)", profile=PROFILE)).error,
+        (await bad_box.run("1", profile=PROFILE)).error,
+    ]
+    kinds = [None if e is None else e.kind.value for e in outcomes]
+    assert kinds == [None, "exception", "timeout", "worker_exit", "backend_not_ready"]
+    await ok_box.aclose()
+    await bad_box.aclose()
+    assert open_fds() == fds
+    assert sorted(p.name for p in private_tmp.iterdir()) == before_tmp
