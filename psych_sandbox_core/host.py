@@ -141,8 +141,10 @@ class ProbeHarness:
                 finally:
                     tg.cancel_scope.cancel()
         finally:
-            for listener in self._listeners:
-                await listener.aclose()
+            # Shielded: on cancellation the listeners still close and the canary is removed.
+            with anyio.CancelScope(shield=True):
+                for listener in self._listeners:
+                    await listener.aclose()
             shutil.rmtree(self._dir, ignore_errors=True)
 
     async def _count(self, listener: Listener[SocketStream]) -> None:
