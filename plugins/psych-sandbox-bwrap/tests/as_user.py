@@ -7,9 +7,9 @@ import sys
 
 site.addsitedir(sys.argv[1])  # the test environment's packages, reachable by any uid
 
-import anyio  # noqa: E402
-from psych_sandbox_core import Sandbox  # noqa: E402
-from psych_sandbox_core.sandbox import availability  # noqa: E402
+import anyio
+from psych_sandbox_core import Sandbox
+from psych_sandbox_core.sandbox import availability
 
 PROGRAM = sys.argv[2]
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-
 from bwrap_support import marker, pids_with, requires_bwrap, run, wait_for_pids
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]
@@ -92,7 +91,8 @@ async def test_host_processes_invisible() -> None:
             "import os\nlines = []\n"
             "for e in os.listdir('/proc'):\n"
             "    if e.isdigit():\n"
-            "        try:\n            lines.append(open(f'/proc/{e}/cmdline', 'rb').read().decode(errors='replace'))\n"
+            "        try:\n"
+            "            lines.append(open(f'/proc/{e}/cmdline', 'rb').read().decode('latin-1'))\n"
             "        except OSError:\n            pass\n"
             "lines"
         )
@@ -261,7 +261,8 @@ async def test_workspace_gone_after_the_run(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(tempfile, "tempdir", str(private))
     result = await run(
         "import os\n"
-        f"for d in ('.', '/tmp', '/dev/shm'):\n    open(os.path.join(d, {name!r}), 'w').write('x')\n"
+        "for d in ('.', '/tmp', '/dev/shm'):\n"
+        f"    open(os.path.join(d, {name!r}), 'w').write('x')\n"
         "os.getcwd()"
     )
     assert result.error is None, result.error
@@ -281,7 +282,8 @@ async def test_nothing_left_running_after_a_setsid_double_fork() -> None:
     result = await run(
         "import os, sys, time\n"
         "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-        f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(300)', {mark!r}])\n"
+        "        os.execv(sys.executable,\n"
+        f"                 [sys.executable, '-c', 'import time; time.sleep(300)', {mark!r}])\n"
         "    os._exit(0)\n"
         "os.wait()\n"
         "# Return only once the daemon is running, so the test sees it was there to kill.\n"
@@ -304,7 +306,8 @@ async def test_fork_bomb_bounded_by_process_count_with_host_responsive() -> None
         "import os, time\nmade = 0\n"
         "try:\n    for _ in range(500):\n        pid = os.fork()\n"
         "        if pid == 0:\n            time.sleep(60)\n            os._exit(0)\n"
-        "        made += 1\nexcept OSError as e:\n    err = type(e).__name__\nelse:\n    err = None\n"
+        "        made += 1\nexcept OSError as e:\n    err = type(e).__name__\n"
+        "else:\n    err = None\n"
         "[made, err]",
         processes=16,
     )
@@ -346,7 +349,8 @@ async def test_tmpfs_fill_stopped_at_the_tmpfs_cap() -> None:
         "    for i in range(1000):\n"
         "        try:\n            with open(f'{d}/f{i}', 'wb', buffering=0) as fh:\n"
         "                written += fh.write(b'x' * 262144)\n"
-        "        except OSError as e:\n            err = errno.errorcode.get(e.errno)\n            break\n"
+        "        except OSError as e:\n"
+        "            err = errno.errorcode.get(e.errno)\n            break\n"
         "[written, err]",
         options={"workspace_bytes": size, "tmp_bytes": size, "shm_bytes": size},
         file_size_bytes=1024 * 1024,

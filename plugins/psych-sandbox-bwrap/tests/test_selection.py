@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from psych_sandbox_core import Sandbox, sandbox as sandbox_module
+from bwrap_support import marker, pids_with, requires_bwrap, run
+from psych_sandbox_core import Sandbox
+from psych_sandbox_core import sandbox as sandbox_module
 from psych_sandbox_core.errors import ConfigurationError
 from psych_sandbox_core.registry import BackendRegistry
-
-from bwrap_support import marker, pids_with, requires_bwrap, run
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]
 
@@ -125,7 +125,8 @@ def _test_user() -> tuple[int, int]:
 
 
 def _as_user_argv(program: str) -> list[str]:
-    return [SYSTEM_PYTHON, "-I", str(HERE / "as_user.py"), sysconfig.get_paths()["purelib"], program]
+    packages = sysconfig.get_paths()["purelib"]
+    return [SYSTEM_PYTHON, "-I", str(HERE / "as_user.py"), packages, program]
 
 
 def _reachable(path: Path) -> bool:
@@ -147,7 +148,8 @@ def test_works_as_an_unprivileged_host_user() -> None:
         f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {mark!r}])\n"
         "    os._exit(0)\n"
         "os.wait()\n"
-        "try:\n    open('/root/.profile').read(); home = 'read'\nexcept OSError:\n    home = 'denied'\n"
+        "try:\n    open('/root/.profile').read(); home = 'read'\n"
+        "except OSError:\n    home = 'denied'\n"
         "[os.getuid(), home]"
     )
     completed = subprocess.run(
