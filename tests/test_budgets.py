@@ -1,0 +1,295 @@
+"""Binding budgets, enforced on the host: per execution, per run (durably), bytes, and who
+may narrow them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pydantic
+import pytest
+
+from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core.budgets import BindingBudgets
+from psych_sandbox_core.errors import ErrorKind
+from psych_sandbox_core.narrowing import ExecutionRequest, TenantPolicy
+from psych_sandbox_core.runlog import SQLiteRunLog
+
+pytestmark = pytest.mark.anyio
+
+PROFILE = "bind"
+LIMITS = ExecutionLimits(cpu_seconds=10, wall_seconds=60.0, grace_seconds=0.5)
+
+UNTIL_SPENT = """
+n = 0
+while True:
+    try:
+        await noop()
+    except ToolError as exc:
+        return [n, exc.kind, exc.message]
+    n += 1
+"""
+
+
+def deployment(budgets: BindingBudgets) -> DeploymentConfig:
+    return DeploymentConfig(
+        profiles={PROFILE: ProfileConfig(backend="subprocess", limits=LIMITS, budgets=budgets)}
+    )
+
+
+def noop() -> None:
+    return None
+
+
+async def test_a_tight_loop_stops_at_the_call_budget() -> None:
+    budgets = BindingBudgets(calls_per_execution=25, calls_per_run=100)
+    async with Sandbox(deployment(budgets)) as sandbox:
+        result = await sandbox.run(
+            UNTIL_SPENT, profile=PROFILE, bindings=FunctionBindings({"noop": noop})
+        )
+    assert result.error is None, result.error
+    count, kind, message = result.return_value
+    assert (count, kind) == (25, "budget_exhausted")
+    assert "25" in message
+    assert [c["outcome"] for c in result.calls] == ["ok"] * 25 + ["budget_exhausted"]
+
+
+async def test_calling_on_long_after_the_budget_is_spent_ends_the_execution() -> None:
+    budgets = BindingBudgets(calls_per_execution=3, calls_per_run=100)
+    async with Sandbox(deployment(budgets)) as sandbox:
+        result = await sandbox.run(
+            "while True:\n    try:\n        await noop()\n    except ToolError:\n        pass",
+            profile=PROFILE,
+            bindings=FunctionBindings({"noop": noop}),
+        )
+    assert result.error is not None and result.error.kind is ErrorKind.PROTOCOL_ERROR
+    assert "budget" in result.error.message
+
+
+async def test_the_run_budget_spans_executions() -> None:
+    budgets = BindingBudgets(calls_per_execution=5, calls_per_run=7)
+    log = SQLiteRunLog()
+    async with Sandbox(deployment(budgets), run_log=log) as sandbox:
+        first = await sandbox.run(
+            UNTIL_SPENT, profile=PROFILE, bindings=FunctionBindings({"noop": noop}), run_id="a"
+        )
+        second = await sandbox.run(
+            UNTIL_SPENT, profile=PROFILE, bindings=FunctionBindings({"noop": noop}), run_id="a"
+        )
+        other_run = await sandbox.run(
+            UNTIL_SPENT, profile=PROFILE, bindings=FunctionBindings({"noop": noop}), run_id="b"
+        )
+    assert first.return_value[:2] == [5, "budget_exhausted"]
+    assert second.return_value[:2] == [2, "budget_exhausted"]
+    assert "run" in second.return_value[2]
+    assert other_run.return_value[:2] == [5, "budget_exhausted"]
+    assert await log.calls_in_run("a") == 7
+
+
+async def test_argument_bytes_per_call() -> None:
+    seen: list[int] = []
+    budgets = BindingBudgets(argument_bytes_per_call=1000)
+    async with Sandbox(deployment(budgets)) as sandbox:
+        result = await sandbox.run(
+            """
+try:
+    await take(data="x" * 5000)
+except ToolError as exc:
+    big = exc.kind
+return [big, await take(data="small")]
+""",
+            profile=PROFILE,
+            bindings=FunctionBindings({"take": lambda data: seen.append(len(data)) or len(data)}),
+        )
+    assert result.return_value == ["budget_exhausted", 5]
+    assert seen == [5]
+
+
+async def test_total_bytes_per_execution() -> None:
+    budgets = BindingBudgets(total_bytes_per_execution=10_000)
+    async with Sandbox(deployment(budgets)) as sandbox:
+        result = await sandbox.run(
+            UNTIL_SPENT.replace("await noop()", "await blob()"),
+            profile=PROFILE,
+            bindings=FunctionBindings({"blob": lambda: "y" * 3000}),
+        )
+    count, kind, message = result.return_value
+    assert (count, kind) == (3, "budget_exhausted")
+    assert "10000" in message
+
+
+async def test_a_result_over_the_ceiling_without_storage_is_not_paged() -> None:
+    budgets = BindingBudgets(result_bytes_per_call=1000)
+    async with Sandbox(deployment(budgets)) as sandbox:
+        result = await sandbox.run(
+            "try:\n    await big()\nexcept ToolError as exc:\n    return [exc.kind, exc.message]",
+            profile=PROFILE,
+            bindings=FunctionBindings({"big": lambda: "z" * 5000}),
+        )
+    kind, message = result.return_value
+    assert kind == "binding_result_not_paged"
+    assert "1000" in message
+
+
+async def test_under_the_ceiling_the_program_gets_the_whole_result() -> None:
+    payload = list(range(100_000))
+    async with Sandbox(deployment(BindingBudgets())) as sandbox:
+        result = await sandbox.run(
+            "rows = await rows()\nreturn [len(rows), sum(rows)]",
+            profile=PROFILE,
+            bindings=FunctionBindings({"rows": lambda: payload}),
+        )
+    assert result.return_value == [100_000, sum(payload)]
+
+
+async def test_tenant_policy_narrows_and_a_request_cannot_carry_budgets() -> None:
+    policy = TenantPolicy(budgets=BindingBudgets(calls_per_execution=2, calls_per_run=2))
+    async with Sandbox(deployment(BindingBudgets())) as sandbox:
+        result = await sandbox.run(
+            UNTIL_SPENT, profile=PROFILE, bindings=FunctionBindings({"noop": noop}), policy=policy
+        )
+    assert result.return_value[:2] == [2, "budget_exhausted"]
+    with pytest.raises(pydantic.ValidationError):
+        ExecutionRequest.model_validate({"budgets": {"calls_per_execution": 10**9}})
+
+
+def test_narrowing_never_widens() -> None:
+    profile = BindingBudgets(calls_per_execution=10, calls_per_run=10)
+    wider = BindingBudgets(calls_per_execution=1000, calls_per_run=5000)
+    narrowed = profile.narrowed(wider)
+    assert narrowed.calls_per_execution == 10 and narrowed.calls_per_run == 10
+    assert narrowed.result_bytes_per_call == profile.result_bytes_per_call
+
+
+def test_budgets_that_cannot_work_fail_at_configuration() -> None:
+    with pytest.raises(pydantic.ValidationError, match="calls_per_run"):
+        BindingBudgets(calls_per_execution=10, calls_per_run=5)
+    with pytest.raises(pydantic.ValidationError):
+        BindingBudgets(result_bytes_per_call=10**9)
+    with pytest.raises(pydantic.ValidationError):
+        BindingBudgets(calls_per_execution=0)
+
+
+# ------------------------------------------------------------------ a host that crashes
+
+HOST = textwrap.dedent(
+    """
+    import sys, anyio
+    from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+    from psych_sandbox_core.bindings import FunctionBindings
+    from psych_sandbox_core.budgets import BindingBudgets
+    from psych_sandbox_core.runlog import SQLiteRunLog
+
+    async def noop():
+        return None
+
+    async def block(pid):
+        print(f"IN_CALL {pid}", flush=True)
+        await anyio.Event().wait()
+
+    async def main():
+        budgets = BindingBudgets(calls_per_execution=3, calls_per_run=3)
+        config = DeploymentConfig(profiles={"p": ProfileConfig(
+            backend="subprocess", budgets=budgets,
+            limits=ExecutionLimits(wall_seconds=60.0, grace_seconds=0.5))})
+        async with Sandbox(config, run_log=SQLiteRunLog(sys.argv[1])) as sandbox:
+            result = await sandbox.run(
+                sys.argv[2], profile="p", run_id="run-1",
+                bindings=FunctionBindings({"noop": noop, "block": block}))
+        print("RESULT", result.model_dump_json(), flush=True)
+
+    anyio.run(main)
+    """
+)
+
+# The program names its own process (comm) so the host can find it from outside: its pid
+# inside its pid namespace means nothing out here.
+FIRST = """
+with open("/proc/self/comm", "w") as fh:
+    fh.write(MARK)
+await noop()
+await block(pid=MARK)
+"""
+SECOND = """
+n = 0
+while True:
+    try:
+        await noop()
+    except ToolError as exc:
+        return [n, exc.kind]
+    n += 1
+"""
+
+
+def _named(mark: str) -> list[int]:
+    """Live processes whose name is ``mark``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        name, _, rest = stat.partition("(")[2].rpartition(")")
+        if name == mark and rest.split()[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_crashed_host_does_not_give_the_run_allowance_back(tmp_path: Path) -> None:
+    database = str(tmp_path / "runs.sqlite")
+    mark = f"pb{os.getpid() % 10000}{id(tmp_path) % 100000}"[:15]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOST, database, FIRST.replace("MARK", repr(mark))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        assert first.stdout is not None
+        line = await anyio.to_thread.run_sync(first.stdout.readline)
+        assert line.startswith(b"IN_CALL "), line
+        assert _named(mark), "the program's process should be running"
+        first.kill()  # the host dies with the call in flight
+        await anyio.to_thread.run_sync(first.wait)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        if first.stdout is not None:
+            first.stdout.close()
+    # The program's process notices its channel closed and goes too. No event reaches us for
+    # a process we did not start, so poll with a deadline.
+    with anyio.fail_after(20):
+        while _named(mark):
+            await anyio.sleep(0.05)
+
+    log = SQLiteRunLog(database)
+    try:
+        assert await log.calls_in_run("run-1") == 2
+        dangling = await log.dangling("run-1")
+        assert [entry.name for entry in dangling] == ["block"]
+    finally:
+        await log.aclose()
+
+    second = await anyio.run_process(
+        [sys.executable, "-c", HOST, database, SECOND], env=env, check=True
+    )
+    result_line = next(
+        line for line in second.stdout.decode().splitlines() if line.startswith("RESULT ")
+    )
+    import json
+
+    result: dict[str, Any] = json.loads(result_line[len("RESULT ") :])
+    # Three per run, two spent by the crashed host: one left, not three.
+    assert result["return_value"] == [1, "budget_exhausted"]
