@@ -20,6 +20,8 @@ DEFAULT_WINDOW_CHARS = 64 * 1024
 #: Matches returned by one search when the program names none, and the most it may ask for.
 DEFAULT_MAX_MATCHES = 100
 MAX_MATCHES = 10_000
+#: Characters of the matching line handed back with each match (JSON text is often one line).
+LINE_CONTEXT_CHARS = 160
 #: Longest pattern accepted.
 MAX_PATTERN_CHARS = 1000
 
@@ -88,7 +90,7 @@ async def search(
                 "length": m.end - m.start,
                 "line_number": m.line_number,
                 "text": m.match,
-                "line": m.line,
+                "line": m.line[:LINE_CONTEXT_CHARS],
             }
             for m in found.matches
         ],
