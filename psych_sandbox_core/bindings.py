@@ -186,7 +186,8 @@ class CallServer:
     enforced and every accepted call counted in the run log before the tool runs."""
 
     provider: BindingProvider | None = None
-    tools: Sequence[ToolSpec] = ()
+    #: The tools listed for this execution (a plain name means a tool that never suspends).
+    tools: Sequence[ToolSpec | str] = ()
     budgets: BindingBudgets = field(default_factory=BindingBudgets)
     run_log: RunLog | None = None
     scope: ExecutionScope = field(
@@ -196,7 +197,9 @@ class CallServer:
     search: SearchSettings = field(default_factory=SearchSettings)
 
     def __post_init__(self) -> None:
-        names = [spec.name for spec in self.tools]
+        specs = [ToolSpec(t) if isinstance(t, str) else t for t in self.tools]
+        self.tools = specs
+        names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise ConfigurationError("the binding provider listed a tool name more than once")
         for name in names:
@@ -205,8 +208,8 @@ class CallServer:
                     f"tool name {name!r} must be a non-empty str of at most "
                     f"{MAX_TOOL_NAME_CHARS} characters"
                 )
-        self._callable = [s.name for s in self.tools if not s.may_suspend]
-        self._suspending = frozenset(s.name for s in self.tools if s.may_suspend)
+        self._callable = [s.name for s in specs if not s.may_suspend]
+        self._suspending = frozenset(s.name for s in specs if s.may_suspend)
         if self.blob_store is not None and self.provider is not None:
             # The built-in shadows a provider tool of the same name: it is how a program
             # reads what its own calls produced, and must not be answerable by anyone else.
