@@ -38,6 +38,7 @@ from .protocol import (
     ResultFrame,
     RunFrame,
 )
+from .protocol.codec import decode_value_json
 from .result import BackendIdentity, ExecutionFailure, ExecutionResult, StreamOutput, Usage
 from .terms import ExecutionLimits
 
@@ -332,6 +333,7 @@ async def _converse(
                 if isinstance(frame, CallFrame):
                     await channel.send(await calls.answer(frame))
                 elif isinstance(frame, ResultFrame):
+                    _check_result(frame, plan.limits.return_value_bytes)
                     state.result = frame
                     return
                 else:
@@ -345,6 +347,15 @@ async def _converse(
     finally:
         with anyio.CancelScope(shield=True):
             await channel.aclose()
+
+
+def _check_result(frame: ResultFrame, cap: int) -> None:
+    # A result frame is as hostile as any other: the program can write one itself, bypassing
+    # the bootstrap's own checks, so its value and shape are checked again here.
+    if frame.outcome == "returned" and frame.value_json is not None:
+        decode_value_json(frame.value_json, cap)
+    if frame.outcome == "raised" and frame.error is None:
+        raise ProtocolViolation("a result frame with outcome 'raised' carries no error")
 
 
 class _EarlyExit(Exception):

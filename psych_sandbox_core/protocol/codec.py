@@ -49,6 +49,20 @@ def decode_child_frame(line: bytes) -> ChildFrame:
         raise ProtocolViolation(f"malformed frame from child: {problems}") from None
 
 
+def decode_value_json(text: str, cap: int) -> Any:
+    """The JSON value a child's frame carries as text, under ``cap`` bytes and finite only,
+    or ProtocolViolation: the honest bootstrap never sends anything else."""
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > cap:
+        raise ProtocolViolation(f"a value of {size} bytes exceeds the {cap}-byte cap")
+    try:
+        value = from_json(text, allow_inf_nan=False, cache_strings=False)
+        _refuse_non_finite(value)
+    except ValueError as exc:
+        raise ProtocolViolation(f"a value in a frame is not JSON: {exc}") from None
+    return value
+
+
 def _refuse_non_finite(value: Any) -> None:
     stack = [value]
     while stack:
