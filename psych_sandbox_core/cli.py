@@ -15,6 +15,8 @@ from typing import Any
 
 import anyio
 
+from .artifacts import ArtifactExportError
+from .attachments import export_artifacts, summary_lines
 from .bindings import load_function_tools
 from .blobstore import FilesystemBlobStore
 from .doctor import command_doctor, command_profiles
@@ -40,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=None, help="wall-clock limit in seconds (narrows only)"
     )
     run.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    run.add_argument(
+        "--artifacts", default=None, metavar="DIR",
+        help="write the files the program left in its workspace to DIR (never overwrites)",
+    )
     run.add_argument(
         "--tools", default=None, help="a Python file whose plain functions the program may call"
     )
@@ -102,16 +108,36 @@ def _command_run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="psych-tool-results-") as store:
             blob_store = FilesystemBlobStore(store)
             async with Sandbox(args.config, blob_store=blob_store) as sandbox:
-                return await sandbox.run(
+                outcome = await sandbox.run(
                     source, profile=args.profile, timeout=args.timeout, bindings=bindings
                 )
+                if args.artifacts is not None:
+                    await _write_artifacts(sandbox, outcome, args.artifacts)
+                return outcome
 
-    result = anyio.run(run)
+    try:
+        result = anyio.run(run)
+    except ArtifactExportError as exc:
+        print(f"psych-sandbox: --artifacts: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         print(json.dumps(result_as_json(result)))
     else:
         print_summary(result)
     return EXIT_OK if result.ok else EXIT_PROGRAM_FAILED
+
+
+async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory: str) -> None:
+    written, partial = await export_artifacts(
+        sandbox.attachments,
+        tenant=result.tenant or "default",
+        run_id=result.run_id or "",
+        artifacts=result.artifacts,
+        directory=directory,
+    )
+    for path in partial:
+        print(f"psych-sandbox: {path}: only a preview was kept; not written", file=sys.stderr)
+    print(f"psych-sandbox: wrote {len(written)} artifact(s) to {directory}", file=sys.stderr)
 
 
 def result_as_json(result: ExecutionResult) -> dict[str, Any]:
@@ -128,6 +154,11 @@ def print_summary(result: ExecutionResult) -> None:
     if info.dropped_bytes:
         out.write(f"[stdout: {info.dropped_bytes} bytes past the capture cap were dropped]\n")
     print("---", file=out)
+    for line in summary_lines(
+        result.attachments, result.artifacts, result.skipped_artifacts,
+        result.skipped_artifacts_unlisted,
+    ):
+        print(line, file=out)
     if result.error is None:
         print(f"returned: {json.dumps(result.return_value)}", file=out)
     else:

@@ -22,6 +22,8 @@ from typing import Any
 import anyio
 from anyio.abc import ByteReceiveStream, Listener, SocketStream
 
+from .artifacts import Collection
+from .attachments import OutputContext, collect_artifacts, preserve, unavailable_failure
 from .backend import Backend, BackendUnavailable, Launched, LaunchRequest, ProbeTargets
 from .bindings import BindingProvider, CallServer, ToolSpec
 from .channel import FrameChannel
@@ -39,7 +41,7 @@ from .protocol import (
     RunFrame,
 )
 from .protocol.codec import decode_value_json
-from .result import BackendIdentity, ExecutionFailure, ExecutionResult, StreamOutput, Usage
+from .result import BackendIdentity, ExecutionFailure, ExecutionResult, Usage
 from .terms import ExecutionLimits
 
 #: How long a child may take to connect and report before the host gives up on it. Start-up
@@ -83,6 +85,8 @@ class ExecutionPlan:
     cancel: anyio.Event | None = None
     #: A refusal decided before launch (narrowing): the child is answered with abort.
     refusal: ExecutionFailure | None = None
+    #: Previews, attachments and artifacts (see attachments.py); None gives previews only.
+    output: OutputContext | None = None
 
 
 @dataclass
@@ -167,6 +171,7 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
     state = _State()
     status: ExitStatus | None = None
     failure: ExecutionFailure | None = None
+    collection: Collection | None = None
     try:
         async with ProbeHarness().active() as harness:
             assert harness.targets is not None
@@ -180,6 +185,11 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
                     raise _CancelledBeforeStart()
                 async with backend.launch(request) as launched:
                     status = await _supervise(launched, plan, state, stdout, stderr, harness)
+                    if state.ran:
+                        # The program has ended and its workspace still exists: collect now.
+                        collection = await anyio.to_thread.run_sync(
+                            collect_artifacts, plan.output, launched.workspace_path
+                        )
             except BackendUnavailable as exc:
                 failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))
             except _CancelledBeforeStart:
@@ -201,15 +211,34 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
         ErrorKind.NETWORK_NOT_ALLOWED,
     )
     value: Any = None
+    value_json: str | None = None
     if failure is None and state.result is not None and state.result.value_json is not None:
         import json
 
-        value = json.loads(state.result.value_json)
+        value_json = state.result.value_json
+        value = json.loads(value_json)
+    kept = await preserve(
+        plan.output,
+        stdout=stdout,
+        stderr=stderr,
+        value_json=value_json,
+        collection=collection,
+        withheld=withheld,
+    )
+    if kept.unavailable is not None:
+        failure = unavailable_failure(kept.unavailable, failure)
+        value = None
     return ExecutionResult(
-        stdout="" if withheld else stdout.text(),
-        stderr="" if withheld else stderr.text(),
-        stdout_info=_stream_info(stdout, withheld),
-        stderr_info=_stream_info(stderr, withheld),
+        stdout=kept.stdout.text,
+        stderr=kept.stderr.text,
+        stdout_info=kept.stdout_info,
+        stderr_info=kept.stderr_info,
+        run_id=None if plan.output is None else plan.output.run_id,
+        tenant=None if plan.output is None else plan.output.tenant,
+        attachments=kept.attachments,
+        artifacts=kept.artifacts,
+        skipped_artifacts=kept.skipped,
+        skipped_artifacts_unlisted=kept.skipped_unlisted,
         return_value=value,
         error=failure,
         level=level_of(state.grades).value,
@@ -225,15 +254,6 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
         calls=state.calls,
     )
 
-
-def _stream_info(capture: StreamCapture, withheld: bool) -> StreamOutput:
-    if withheld:
-        return StreamOutput(total_bytes=0, captured_bytes=0, dropped_bytes=0)
-    return StreamOutput(
-        total_bytes=capture.total_bytes,
-        captured_bytes=capture.total_bytes - capture.dropped_bytes,
-        dropped_bytes=capture.dropped_bytes,
-    )
 
 
 async def _supervise(
@@ -362,6 +382,11 @@ class _EarlyExit(Exception):
     pass
 
 
+def _reported_connections(hello: HelloFrame) -> int:
+    network = hello.report.network
+    return [network.ipv4, network.ipv6].count("connected")
+
+
 class _CancelledBeforeStart(Exception):
     pass
 
@@ -370,11 +395,6 @@ async def _watch_cancel(event: anyio.Event, state: _State, scope: anyio.CancelSc
     await event.wait()
     state.cancelled = True
     scope.cancel()
-
-
-def _reported_connections(hello: HelloFrame) -> int:
-    network = hello.report.network
-    return [network.ipv4, network.ipv6].count("connected")
 
 
 def _refusal(plan: ExecutionPlan, grades: dict[Guarantee, Grade]) -> ExecutionFailure | None:

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .budgets import BindingBudgets
 from .grading import Level
+from .output import OutputPolicy
 from .terms import ExecutionLimits
 
 DEFAULT_PROFILE = "default"
@@ -32,6 +33,8 @@ class ProfileConfig(BaseModel):
     allow_network: bool = False
     #: Budgets on binding calls; tenant policy may narrow them, a request never.
     budgets: BindingBudgets = Field(default_factory=BindingBudgets)
+    #: Previews, attachments and artifact collection (see docs/output.md).
+    output: OutputPolicy = Field(default_factory=OutputPolicy)
 
 
 #: A profile name is used on command lines and in specs: keep it plain.

@@ -7,6 +7,7 @@ import uuid
 
 import anyio
 
+from .attachments import DEFAULT_WINDOW_BYTES, AttachmentLedger, OutputContext, Window
 from .backend import Availability, Backend
 from .bindings import BindingProvider, CallServer, ExecutionScope
 from .blobstore import BlobStore
@@ -16,6 +17,7 @@ from .grading import Level, level_at_least
 from .host import ExecutionPlan, execute
 from .narrowing import BackendCapability, ExecutionRequest, TenantPolicy, narrow, request_for
 from .paging import DEFAULT_SEARCH_DEADLINE_SECONDS, SearchSettings
+from .pattern_search import SearchResult
 from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
@@ -52,6 +54,8 @@ class Sandbox:
         # results over the per-call ceiling are paged through blob_store when there is one.
         self.run_log = run_log or SQLiteRunLog()
         self.blob_store = blob_store
+        # Every run's attachment handles (streams, return values, artifacts); see attachments.py.
+        self.attachments = AttachmentLedger(blob_store)
         if not pattern_deadline_seconds > 0:
             raise ConfigurationError("pattern_deadline_seconds must be positive")
         self._search = SearchSettings(deadline_seconds=pattern_deadline_seconds)
@@ -89,6 +93,7 @@ class Sandbox:
         tenant: str = "default",
         run_id: str | None = None,
         cancel: anyio.Event | None = None,
+        require_preservation: bool = False,
     ) -> ExecutionResult:
         """Run one program. Raises only for misuse (closed sandbox) or configuration.
 
@@ -139,8 +144,49 @@ class Sandbox:
             bindings=bindings,
             calls=calls,
             cancel=cancel,
+            output=self._output_context(
+                loaded, tenant, run_id or execution_id, require_preservation
+            ),
         )
         return await execute(loaded.backend, plan)
+
+    def _output_context(
+        self, loaded: _LoadedProfile, tenant: str, run_id: str, require: bool
+    ) -> OutputContext:
+        policy = loaded.config.output
+        if require and not policy.require_preservation:
+            policy = policy.model_copy(update={"require_preservation": True})
+        return OutputContext(policy, self.attachments, tenant, run_id)
+
+    async def read_attachment(
+        self,
+        handle: str,
+        *,
+        run_id: str,
+        tenant: str = "default",
+        offset: int = 0,
+        length: int = DEFAULT_WINDOW_BYTES,
+    ) -> Window:
+        """A window of an attachment this run recorded; raises AttachmentDenied otherwise."""
+        return await self.attachments.read(
+            handle, tenant=tenant, run_id=run_id, offset=offset, length=length
+        )
+
+    async def search_attachment(
+        self,
+        handle: str,
+        pattern: str,
+        *,
+        run_id: str,
+        tenant: str = "default",
+        ignore_case: bool = False,
+        max_matches: int = 100,
+    ) -> SearchResult:
+        """Regular-expression matches in an attachment, searched in a killable child process."""
+        return await self.attachments.search(
+            handle, pattern, tenant=tenant, run_id=run_id,
+            ignore_case=ignore_case, max_matches=max_matches,
+        )
 
     async def _load(self, name: str) -> _LoadedProfile:
         if name in self._loaded:
