@@ -5,6 +5,7 @@
 # already runs. Installs Debian's docker.io and runsc (gVisor), registers runsc
 # as the Docker runtime "runsc", starts dockerd in the background when no engine
 # answers, and waits (bounded) for `docker info` to answer.
+# The runsc runtime runs with: --network=none --platform=ptrace --host-uds=open.
 #
 # Environment knobs:
 #   PSYCH_DOCKER_WAIT_SECONDS   deadline for the engine to answer (default 60)
@@ -17,6 +18,10 @@ DOCKERD_LOG="${PSYCH_DOCKERD_LOG:-/var/log/psych-sandbox-dockerd.log}"
 RUNSC_PLATFORM="${PSYCH_RUNSC_PLATFORM:-ptrace}"
 DAEMON_JSON=/etc/docker/daemon.json
 RUNTIME_NAME=runsc
+# --host-uds=open lets the sandbox connect() to a host Unix socket bind-mounted
+# into it (the per-execution control channel); without it any access to such a
+# socket fails with EPERM. The sandbox still cannot create host sockets.
+RUNSC_ARGS=(--network=none "--platform=$RUNSC_PLATFORM" --host-uds=open)
 
 die() {
     echo "install-engine: ERROR: $*" >&2
@@ -55,13 +60,15 @@ DOCKERD="$(command -v dockerd || echo /usr/sbin/dockerd)"
 command -v docker >/dev/null || die "docker client not found after install"
 
 # --- 2. daemon.json: register runsc, keep everything else ------------------
+command -v python3 >/dev/null || die "python3 is needed to merge $DAEMON_JSON"
 mkdir -p /etc/docker
 new_json="$(mktemp)"
 trap 'rm -f "$new_json"' EXIT
-python3 - "$DAEMON_JSON" "$new_json" "$RUNTIME_NAME" "$RUNSC_PATH" "$RUNSC_PLATFORM" <<'PY' \
+python3 - "$DAEMON_JSON" "$new_json" "$RUNTIME_NAME" "$RUNSC_PATH" "${RUNSC_ARGS[@]}" <<'PY' \
     || die "could not write $DAEMON_JSON (is the existing file valid JSON?)"
 import json, os, sys
-src, dst, name, path, platform = sys.argv[1:6]
+src, dst, name, path = sys.argv[1:5]
+args = sys.argv[5:]
 cfg = {}
 if os.path.exists(src) and os.path.getsize(src) > 0:
     with open(src) as f:
@@ -71,7 +78,7 @@ if os.path.exists(src) and os.path.getsize(src) > 0:
 runtimes = cfg.setdefault("runtimes", {})
 runtimes[name] = {
     "path": path,
-    "runtimeArgs": ["--network=none", f"--platform={platform}"],
+    "runtimeArgs": args,
 }
 with open(dst, "w") as f:
     json.dump(cfg, f, indent=2, sort_keys=True)
@@ -105,8 +112,13 @@ wait_for_engine() {
     done
 }
 
+# True when the running engine knows the runtime with exactly the wanted arguments.
 runtime_registered() {
-    docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q "\"$RUNTIME_NAME\""
+    docker info --format '{{json .Runtimes}}' 2>/dev/null | python3 -c '
+import json, sys
+rt = (json.load(sys.stdin) or {}).get(sys.argv[1]) or {}
+sys.exit(0 if rt.get("runtimeArgs") == sys.argv[2:] else 1)
+' "$RUNTIME_NAME" "${RUNSC_ARGS[@]}"
 }
 
 if engine_answers; then

@@ -18,7 +18,6 @@ import argparse
 import io
 import os
 import re
-import stat
 import subprocess
 import sys
 import tarfile
@@ -48,12 +47,11 @@ IMAGE_FORMAT_VERSION = "1"
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
 
-# Standard-library entries (first path component below HOST_STDLIB) left out:
-# the static libpython and build config (25 MB), the test suite, ensurepip
+# Standard-library entries (first path component below HOST_STDLIB) left out,
+# besides config-*/ (static libpython and build files): the test suite, ensurepip
 # (its wheels are not shipped by Debian's python3.11), and the apport hook.
 _STDLIB_EXCLUDE_TOP = frozenset(
     {
-        f"config-{PYTHON_VERSION}-x86_64-linux-gnu",
         "test",
         "ensurepip",
         "idlelib",
@@ -155,7 +153,10 @@ class _RootfsWriter:
         for dirpath, dirnames, filenames in os.walk(root):
             rel = os.path.relpath(dirpath, root)
             if rel == ".":
-                dirnames[:] = sorted(d for d in dirnames if d not in excluded)
+                # config-3.11-<triplet>: the static libpython and build files (25 MB)
+                dirnames[:] = sorted(
+                    d for d in dirnames if d not in excluded and not d.startswith("config-")
+                )
                 filenames = [f for f in filenames if f not in excluded]
             else:
                 dirnames.sort()
@@ -199,11 +200,11 @@ def _shared_libraries(binaries: Iterable[str]) -> set[str]:
     """The absolute paths of the libraries (and loader) ``binaries`` link to."""
     libs: set[str] = set()
     for binary in binaries:
-        proc = subprocess.run(
-            ["ldd", binary], capture_output=True, text=True, check=False
-        )
+        proc = subprocess.run(["ldd", binary], capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise ImageBuildError(f"ldd {binary} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise ImageBuildError(
+                f"ldd {binary} failed: {proc.stderr.strip() or proc.stdout.strip()}"
+            )
         for line in proc.stdout.splitlines():
             if "not found" in line:
                 raise ImageBuildError(f"{binary}: missing library: {line.strip()}")
@@ -259,7 +260,7 @@ def write_rootfs_tar(out: IO[bytes]) -> None:
         w.add_dir("workspace", 0o755, SANDBOX_UID, SANDBOX_GID)
 
 
-def _import_changes(tag: str) -> list[str]:
+def _import_changes() -> list[str]:
     changes = [
         f"LABEL {IMAGE_LABEL}={IMAGE_LABEL_VALUE}",
         f"LABEL {IMAGE_LABEL}.format={IMAGE_FORMAT_VERSION}",
@@ -283,7 +284,7 @@ def build_local_image(tag: str = DEFAULT_TAG, *, engine: str = "docker") -> str:
     No registry is contacted: the root file system is streamed into
     ``<engine> import``. Raises :class:`ImageBuildError` on any failure.
     """
-    cmd = [engine, "import", *_import_changes(tag), "-", tag]
+    cmd = [engine, "import", *_import_changes(), "-", tag]
     try:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -332,11 +333,15 @@ def build_local_image(tag: str = DEFAULT_TAG, *, engine: str = "docker") -> str:
         # Fall back to asking the engine what the tag now points at.
         inspect = subprocess.run(
             [engine, "image", "inspect", "--format", "{{.Id}}", tag],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         image_id = inspect.stdout.strip()
         if inspect.returncode != 0 or not image_id:
-            raise ImageBuildError(f"imported {tag} but could not read its id: {inspect.stderr.strip()}")
+            raise ImageBuildError(
+                f"imported {tag} but could not read its id: {inspect.stderr.strip()}"
+            )
     return image_id
 
 
@@ -346,9 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Build the psych-sandbox Python image from host files (no registry).",
     )
     parser.add_argument("--tag", default=DEFAULT_TAG, help=f"image tag (default {DEFAULT_TAG})")
-    parser.add_argument("--engine", default="docker", help="container engine command (default docker)")
     parser.add_argument(
-        "--tar", metavar="FILE",
+        "--engine", default="docker", help="container engine command (default docker)"
+    )
+    parser.add_argument(
+        "--tar",
+        metavar="FILE",
         help="write the root file system tar to FILE ('-' for stdout) instead of importing",
     )
     args = parser.parse_args(argv)
