@@ -12,7 +12,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -102,6 +102,8 @@ class _State:
     connections_during_run: int = 0
     calls: list[dict[str, Any]] = field(default_factory=list)
     cancelled: bool = False
+    hello: HelloFrame | None = None
+    startup_failure: str | None = None
 
 
 class ProbeHarness:
@@ -165,44 +167,99 @@ class ProbeHarness:
 
 async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
     """Run one program to a result. A program's failure is data; this does not raise for it."""
+
+    async def given() -> ExecutionPlan:
+        return plan
+
+    result = await run_child(backend, plan.limits, given, known_plan=plan)
+    assert result is not None  # with a known plan every path ends in a result
+    return result
+
+
+#: Hands over the plan once the child has connected and reported (a warm child may wait).
+PlanSource = Callable[[], Awaitable["ExecutionPlan | None"]]
+
+
+async def run_child(
+    backend: Backend,
+    launch_limits: ExecutionLimits,
+    obtain_plan: PlanSource,
+    *,
+    known_plan: ExecutionPlan | None = None,
+) -> ExecutionResult | None:
+    """Launch one child and run one program in it.
+
+    With ``known_plan`` (a cold start) the handshake happens under the plan's wall clock and
+    every failure ends in a result. Without it (a warm child, see pool.py) the child first
+    connects and reports, then ``obtain_plan`` waits for its program; a child that fails before
+    then returns None, since no program was ever given to it.
+    """
     started = time.monotonic()
-    stdout = StreamCapture(plan.limits.stdout_bytes)
-    stderr = StreamCapture(plan.limits.stderr_bytes)
+    plan = known_plan
     state = _State()
     status: ExitStatus | None = None
     failure: ExecutionFailure | None = None
     collection: Collection | None = None
-    try:
-        async with ProbeHarness().active() as harness:
-            assert harness.targets is not None
-            request = LaunchRequest(
-                bootstrap_source=bootstrap_source(),
-                probe=harness.targets,
-                limits=plan.limits,
+    stdout: StreamCapture | None = None
+    stderr: StreamCapture | None = None
+    async with ProbeHarness().active() as harness:
+        assert harness.targets is not None
+        request = LaunchRequest(
+            bootstrap_source=bootstrap_source(),
+            probe=harness.targets,
+            limits=launch_limits,
+        )
+        try:
+            if plan is not None and plan.cancel is not None and plan.cancel.is_set():
+                raise _CancelledBeforeStart()
+            async with backend.launch(request) as launched:
+                prepared: FrameChannel | None = None
+                if known_plan is None:
+                    try:
+                        prepared = await _handshake(launched, state, harness)
+                    except (ProtocolViolation, _StartupFailed):
+                        return None
+                    if prepared is None:
+                        return None
+                    try:
+                        plan = await _await_plan(obtain_plan, launched)
+                    except BaseException:
+                        with anyio.CancelScope(shield=True):
+                            await prepared.aclose()
+                        raise
+                    if plan is None:
+                        with anyio.CancelScope(shield=True):
+                            await prepared.aclose()
+                        return None
+                    started = time.monotonic()
+                    if plan.cancel is not None and plan.cancel.is_set():
+                        state.cancelled = True
+                assert plan is not None
+                stdout = StreamCapture(plan.limits.stdout_bytes)
+                stderr = StreamCapture(plan.limits.stderr_bytes)
+                status = await _supervise(launched, plan, state, stdout, stderr, harness, prepared)
+                if state.ran:
+                    # The program has ended and its workspace still exists: collect now.
+                    collection = await anyio.to_thread.run_sync(
+                        collect_artifacts, plan.output, launched.workspace_path
+                    )
+        except BackendUnavailable as exc:
+            if known_plan is None:
+                return None
+            failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))
+        except _CancelledBeforeStart:
+            state.cancelled = True
+        if harness.connections and state.grades:
+            # Host-side evidence outranks anything the child said about itself.
+            state.grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
+        if state.ran:
+            state.connections_during_run = max(
+                0, harness.connections - state.probe_connections
             )
-            try:
-                if plan.cancel is not None and plan.cancel.is_set():
-                    raise _CancelledBeforeStart()
-                async with backend.launch(request) as launched:
-                    status = await _supervise(launched, plan, state, stdout, stderr, harness)
-                    if state.ran:
-                        # The program has ended and its workspace still exists: collect now.
-                        collection = await anyio.to_thread.run_sync(
-                            collect_artifacts, plan.output, launched.workspace_path
-                        )
-            except BackendUnavailable as exc:
-                failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))
-            except _CancelledBeforeStart:
-                state.cancelled = True
-            if harness.connections and state.grades:
-                # Host-side evidence outranks anything the child said about itself.
-                state.grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
-            if state.ran:
-                state.connections_during_run = max(
-                    0, harness.connections - state.probe_connections
-                )
-    except anyio.get_cancelled_exc_class():
-        raise
+    assert plan is not None
+    if stdout is None or stderr is None:
+        stdout = StreamCapture(plan.limits.stdout_bytes)
+        stderr = StreamCapture(plan.limits.stderr_bytes)
     wall = time.monotonic() - started
     if failure is None:
         failure = _classify(plan, state, status)
@@ -263,6 +320,7 @@ async def _supervise(
     stdout: StreamCapture,
     stderr: StreamCapture,
     harness: ProbeHarness,
+    prepared: FrameChannel | None = None,
 ) -> ExitStatus:
     drained = [anyio.Event(), anyio.Event()]
 
@@ -280,9 +338,11 @@ async def _supervise(
                 if plan.cancel is not None:
                     drains.start_soon(_watch_cancel, plan.cancel, state, wall)
                 try:
-                    await _converse(launched, plan, state, harness)
+                    await _converse(launched, plan, state, harness, prepared)
                 except ProtocolViolation as exc:
                     state.violation = str(exc)
+                except _StartupFailed as exc:
+                    state.startup_failure = str(exc)
                 else:
                     await launched.wait_exited()
             if wall.cancelled_caught:
@@ -300,17 +360,31 @@ async def _supervise(
     return status
 
 
-async def _converse(
-    launched: Launched, plan: ExecutionPlan, state: _State, harness: ProbeHarness
-) -> None:
-    with anyio.fail_after(HANDSHAKE_SECONDS):
-        stream = await launched.channel.accept()
-    channel = FrameChannel(stream)
+async def _handshake(
+    launched: Launched, state: _State, harness: ProbeHarness
+) -> FrameChannel | None:
+    """Accept the child's connection and its report; grade it. None if the child went away
+    before reporting. Raises ProtocolViolation for a bad hello, _StartupFailed on a deadline."""
     try:
         with anyio.fail_after(HANDSHAKE_SECONDS):
-            hello = await channel.receive()
+            stream = await launched.channel.accept()
+    except TimeoutError:
+        raise _StartupFailed(
+            f"the sandboxed interpreter did not connect within {HANDSHAKE_SECONDS:g} s"
+        ) from None
+    channel = FrameChannel(stream)
+    try:
+        try:
+            with anyio.fail_after(HANDSHAKE_SECONDS):
+                hello = await channel.receive()
+        except TimeoutError:
+            raise _StartupFailed(
+                f"the sandboxed interpreter did not report within {HANDSHAKE_SECONDS:g} s"
+            ) from None
         if hello is None:
-            raise _EarlyExit()
+            with anyio.CancelScope(shield=True):
+                await channel.aclose()
+            return None
         if not isinstance(hello, HelloFrame):
             raise ProtocolViolation(f"expected a hello frame first, got {hello.type!r}")
         if hello.protocol != PROTOCOL_VERSION:
@@ -318,11 +392,54 @@ async def _converse(
                 f"child speaks protocol {hello.protocol}, host speaks {PROTOCOL_VERSION}"
             )
         state.grades = grade(launched.mechanisms, hello.report, host_uid=os.getuid())
+        state.hello = hello
+        return channel
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await channel.aclose()
+        raise
+
+
+async def _await_plan(obtain_plan: PlanSource, launched: Launched) -> ExecutionPlan | None:
+    """Wait for a warm child's program; None if the child dies while it waits."""
+    plan: ExecutionPlan | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def watch_child() -> None:
+            await launched.wait_exited()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch_child)
+        plan = await obtain_plan()
+        tg.cancel_scope.cancel()
+    return plan
+
+
+class _StartupFailed(Exception):
+    """The child never connected or reported in time."""
+
+
+async def _converse(
+    launched: Launched,
+    plan: ExecutionPlan,
+    state: _State,
+    harness: ProbeHarness,
+    prepared: FrameChannel | None = None,
+) -> None:
+    channel = prepared if prepared is not None else await _handshake(launched, state, harness)
+    if channel is None:
+        return
+    hello = state.hello
+    assert hello is not None
+    try:
         if harness.connections:
             state.grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
         refusal = _refusal(plan, state.grades)
+        if state.cancelled and refusal is None:
+            refusal = ExecutionFailure.of(ErrorKind.CANCELLED, "cancelled before the program ran")
         if refusal is not None:
-            state.refusal = refusal
+            if not state.cancelled:
+                state.refusal = refusal
             await channel.send(AbortFrame(reason=refusal.message))
             return
         calls = plan.calls
@@ -360,8 +477,6 @@ async def _converse(
                     raise ProtocolViolation(f"unexpected {frame.type!r} frame after the handshake")
         finally:
             state.calls = calls.record
-    except _EarlyExit:
-        return
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         return  # the child went away; its exit status says how
     finally:
@@ -376,10 +491,6 @@ def _check_result(frame: ResultFrame, cap: int) -> None:
         decode_value_json(frame.value_json, cap)
     if frame.outcome == "raised" and frame.error is None:
         raise ProtocolViolation("a result frame with outcome 'raised' carries no error")
-
-
-class _EarlyExit(Exception):
-    pass
 
 
 def _reported_connections(hello: HelloFrame) -> int:
@@ -444,6 +555,8 @@ def _classify(
         return state.refusal
     if state.violation is not None:
         return ExecutionFailure.of(ErrorKind.PROTOCOL_ERROR, state.violation)
+    if state.startup_failure is not None:
+        return ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, state.startup_failure)
     if state.connections_during_run and not plan.network_allowed:
         # The program reached a listener while it ran, under terms that denied it network:
         # what it produced was produced under weaker terms.
@@ -494,6 +607,12 @@ def _classify(
         return ExecutionFailure.of(
             ErrorKind.TIMEOUT,
             f"the program exceeded its CPU limit of {plan.limits.cpu_seconds} s and was killed",
+        )
+    if status is not None and status.signal == signal.SIGABRT:
+        return ExecutionFailure.of(
+            ErrorKind.ABORT,
+            "the program aborted (SIGABRT: os.abort() or a failed assertion in native code) "
+            "before returning a result",
         )
     how = status.describe() if status is not None else "ended"
     return ExecutionFailure.of(

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import SocketStream
 
+from .errors import ErrorKind
+
 
 @dataclass(frozen=True)
 class ExitStatus:
@@ -30,6 +32,10 @@ class ExitStatus:
     cpu_seconds: float | None
     #: Largest resident set of the process or any reaped descendant, in bytes.
     peak_memory_bytes: int | None
+    #: A backend's own reading of how the child ended, when its runtime knows more than the
+    #: exit code (a container runtime's OOM kill): the failure kind and its message. The core
+    #: uses it when the program left no result.
+    failure_hint: tuple[ErrorKind, str] | None = None
 
     def describe(self) -> str:
         if self.signal is not None:

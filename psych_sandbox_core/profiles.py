@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -35,6 +35,10 @@ class ProfileConfig(BaseModel):
     budgets: BindingBudgets = Field(default_factory=BindingBudgets)
     #: Previews, attachments and artifact collection (see docs/output.md).
     output: OutputPolicy = Field(default_factory=OutputPolicy)
+    #: Children kept prepared (launched, connected, graded) ahead of their program, each used
+    #: for exactly one program. Needs the Sandbox used as ``async with``; 0 starts every
+    #: execution cold.
+    warm: Annotated[int, Field(ge=0, le=64)] = 0
 
 
 #: A profile name is used on command lines and in specs: keep it plain.

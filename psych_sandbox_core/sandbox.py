@@ -6,6 +6,7 @@ import dataclasses
 import uuid
 
 import anyio
+from anyio.abc import TaskGroup
 
 from .attachments import DEFAULT_WINDOW_BYTES, AttachmentLedger, OutputContext, Window
 from .backend import Availability, Backend
@@ -18,6 +19,7 @@ from .host import ExecutionPlan, execute
 from .narrowing import BackendCapability, ExecutionRequest, TenantPolicy, narrow, request_for
 from .paging import DEFAULT_SEARCH_DEADLINE_SECONDS, SearchSettings
 from .pattern_search import SearchResult
+from .pool import WarmPool
 from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
@@ -67,15 +69,27 @@ class Sandbox:
         self._loaded: dict[str, _LoadedProfile] = {}
         self._lock = anyio.Lock()
         self._closed = False
+        # Warm children live in a task group that exists only inside ``async with``.
+        self._task_group: TaskGroup | None = None
+        self._pools: dict[str, WarmPool] = {}
 
     async def __aenter__(self) -> Sandbox:
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+        task_group, self._task_group = self._task_group, None
+        if task_group is not None:
+            # Prepared children that never got a program are torn down here.
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
 
     async def aclose(self) -> None:
         self._closed = True
+        self._pools.clear()
 
     def profile_names(self) -> list[str]:
         names = set(self.config.profiles) | {DEFAULT_PROFILE} | set(self.registry.ids())
@@ -148,7 +162,21 @@ class Sandbox:
                 loaded, tenant, run_id or execution_id, require_preservation
             ),
         )
+        pool = self._pool(loaded)
+        if pool is not None:
+            return await pool.run(plan)
         return await execute(loaded.backend, plan)
+
+    def _pool(self, loaded: _LoadedProfile) -> WarmPool | None:
+        if loaded.config.warm == 0 or self._task_group is None:
+            return None
+        pool = self._pools.get(loaded.name)
+        if pool is None:
+            pool = WarmPool(
+                loaded.backend, loaded.config.limits, loaded.config.warm, self._task_group
+            )
+            self._pools[loaded.name] = pool
+        return pool
 
     def _output_context(
         self, loaded: _LoadedProfile, tenant: str, run_id: str, require: bool

@@ -1,0 +1,125 @@
+"""Warm children: launched, connected and graded before their program exists.
+
+A warm child is still one fresh process per program: it is prepared ahead (spawned, probed,
+handshake done) and then given exactly one program, after which it is torn down like any
+other. What a run saves is the start-up of the interpreter and the sandbox around it. The
+grades it carries are its own report, made by that very process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .backend import Backend
+from .host import ExecutionPlan, execute, run_child
+from .result import ExecutionResult
+from .terms import ExecutionLimits
+
+
+class _Slot:
+    """One prepared child waiting for its program, and the way its result comes back."""
+
+    def __init__(self) -> None:
+        self._assigned = anyio.Event()
+        self._done = anyio.Event()
+        self.plan: ExecutionPlan | None = None
+        self.result: ExecutionResult | None = None
+        self.error: BaseException | None = None
+        self.abandoned = False
+
+    async def wait_for_plan(self) -> ExecutionPlan | None:
+        await self._assigned.wait()
+        return self.plan
+
+    def assign(self, plan: ExecutionPlan) -> None:
+        self.plan = plan
+        self._assigned.set()
+
+    def finish(self, result: ExecutionResult | None, error: BaseException | None) -> None:
+        self.result = result
+        self.error = error
+        self._done.set()
+
+    async def wait_done(self) -> None:
+        await self._done.wait()
+
+
+class WarmPool:
+    """Keeps ``size`` children of one backend prepared, in the caller's task group."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        launch_limits: ExecutionLimits,
+        size: int,
+        task_group: TaskGroup,
+    ) -> None:
+        self._backend = backend
+        self._limits = launch_limits
+        self._size = size
+        self._task_group = task_group
+        self._ready: deque[_Slot] = deque()
+        self._preparing = 0
+
+    def refill(self) -> None:
+        """Start preparing children until ``size`` are ready or on their way."""
+        while len(self._ready) + self._preparing < self._size:
+            self._preparing += 1
+            self._task_group.start_soon(self._serve_one)
+
+    async def run(self, plan: ExecutionPlan) -> ExecutionResult:
+        """Run ``plan`` on a prepared child, or cold when none is ready."""
+        slot = self._ready.popleft() if self._ready else None
+        self.refill()
+        if slot is None:
+            return await execute(self._backend, plan)
+        cancel = plan.cancel if plan.cancel is not None else anyio.Event()
+        slot.assign(dataclasses.replace(plan, cancel=cancel))
+        try:
+            await slot.wait_done()
+        except BaseException:
+            # The caller went away: the execution must not outlive it.
+            cancel.set()
+            raise
+        if slot.error is not None:
+            raise slot.error
+        if slot.result is None:
+            # The child died between being taken and being given its program: run cold.
+            return await execute(self._backend, plan)
+        return slot.result
+
+    async def _serve_one(self) -> None:
+        slot = _Slot()
+        announced = False
+
+        async def obtain() -> ExecutionPlan | None:
+            nonlocal announced
+            self._preparing -= 1
+            announced = True
+            self._ready.append(slot)
+            return await slot.wait_for_plan()
+
+        try:
+            result = await run_child(self._backend, self._limits, obtain)
+        except Exception as exc:
+            # A bug must reach the caller it concerns, not take down every other execution
+            # sharing this task group; with no caller yet, the next run starts cold.
+            self._forget(slot, announced)
+            if slot.plan is not None:
+                slot.finish(None, exc)
+            return
+        except BaseException:
+            self._forget(slot, announced)
+            raise
+        self._forget(slot, announced)
+        slot.finish(result, None)
+
+    def _forget(self, slot: _Slot, announced: bool) -> None:
+        if not announced:
+            self._preparing -= 1
+        elif slot in self._ready:
+            self._ready.remove(slot)
