@@ -598,6 +598,9 @@ def _classify(
         if result.outcome == "invalid_output":
             kind = ErrorKind.INVALID_OUTPUT
         return ExecutionFailure.of(kind, result.detail or result.outcome)
+    if status is not None and status.failure_hint is not None:
+        # The backend's runtime knows how the child ended (e.g. an OOM kill of a container).
+        return ExecutionFailure.of(*status.failure_hint)
     if not state.ran:
         how = status.describe() if status is not None else "did not start"
         return ExecutionFailure.of(
