@@ -1,0 +1,570 @@
+"""The docker backend: each execution in a fresh container, with runc or gVisor's runsc.
+
+The container has no network, no capabilities, no new privileges, a read-only root with
+size-capped tmpfs mounts for the workspace and /tmp, a non-root identity, and memory and
+process-count limits. The only host path inside is a per-execution directory holding the
+control Unix socket. ``--init`` makes the engine's tiny init PID 1, so the program runs below
+it, where the CPU limit's signal still kills it. The container is removed at teardown
+whatever happened; its labels let a restarted host reap containers a crashed one left.
+
+Usage is read from a per-execution cgroup parent (cgroup v1, cgroupfs driver, host root):
+it outlives the container, so CPU time and peak memory are read after the container ended.
+Elsewhere usage is reported as not measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
+
+import anyio
+from anyio.abc import ByteStream
+from psych_sandbox_core import hookspecs
+from psych_sandbox_core.backend import (
+    Backend,
+    BackendOptions,
+    BackendUnavailable,
+    Launched,
+    LaunchRequest,
+)
+from psych_sandbox_core.channel import UnixSocketChannel
+from psych_sandbox_core.errors import ConfigurationError, ErrorKind
+from psych_sandbox_core.grading import Level, Mechanisms
+from psych_sandbox_core.host import child_environment
+from psych_sandbox_core.process import ExitStatus, ManagedProcess
+from pydantic import Field, field_validator
+
+from . import engine as eng
+from .image import DEFAULT_TAG
+
+MiB = 1024 * 1024
+#: The unprivileged identity inside the container (nobody/nogroup in the built image).
+NOBODY = 65534
+WORKSPACE = "/workspace"
+TMP = "/tmp"
+#: Where the per-execution socket directory appears inside the container.
+CHILD_RUN_DIR = "/run/psych"
+INTERPRETER = "/usr/bin/python3.11"
+#: How long a container may take to start and its bootstrap to connect. Cold gVisor start
+#: on a loaded host is the slowest case seen (about a second); the margin is for load.
+STARTUP_SECONDS = 30.0
+#: How long teardown waits for the engine CLI to come back after the container was killed.
+CLIENT_EXIT_SECONDS = 10.0
+#: How much of the engine's stderr a start-up failure quotes.
+STARTUP_STDERR_BYTES = 4096
+#: runc: the pids cgroup is the process limit; the engine's init and the bootstrap itself
+#: count against it, so they get room of their own.
+RUNC_PIDS_HEADROOM = 4
+#: runsc: the pids cgroup counts gVisor's own host tasks (about 43 for one idle process and
+#: 6-7 per guest process), and reaching it crashes the whole sandbox. The guest's process
+#: count is limited by RLIMIT_NPROC, which gVisor enforces per sandbox; the cgroup is only a
+#: backstop sized well above what that many guest processes need.
+RUNSC_PIDS_BASE = 128
+RUNSC_PIDS_PER_PROCESS = 8
+#: Without a process limit in the profile, the cgroup still bounds a fork bomb.
+DEFAULT_PROCESSES = 256
+#: gVisor's Sentry lives in the container's memory cgroup; the program's budget is on top.
+RUNSC_MEMORY_OVERHEAD = 96 * MiB
+#: The docker CLI's exit status when the engine itself failed (documented `docker run`
+#: behaviour), and the status runsc exits with when its sandbox crashed (verified here).
+ENGINE_FAILED = 125
+RUNSC_CRASHED = 2
+
+Size = Annotated[int, Field(ge=1 * MiB)]
+_IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$")
+
+
+class DockerOptions(BackendOptions):
+    #: The image: a local tag, or ``name@sha256:...`` to pin it. Never pulled.
+    image: str = DEFAULT_TAG
+    #: The engine CLI; None picks Docker where it answers, else Podman.
+    engine: Literal["docker", "podman"] | None = None
+    #: The OCI runtime, by the name the engine knows it under.
+    runtime: Literal["runc", "runsc"] = "runc"
+    #: CPU share (number of cores); the CPU-time limit comes from the profile's limits.
+    cpus: Annotated[float, Field(gt=0, le=1024)] | None = 1.0
+    #: Size caps of the memory-backed filesystems.
+    workspace_bytes: Size = 128 * MiB
+    tmp_bytes: Size = 64 * MiB
+    shm_bytes: Size = 16 * MiB
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str) -> str:
+        if not _IMAGE_REF.match(value):
+            raise ValueError(
+                f"{value!r} is not an image reference (lower-case name[:tag] or name@sha256:...)"
+            )
+        return value
+
+
+class GvisorOptions(DockerOptions):
+    runtime: Literal["runc", "runsc"] = "runsc"
+
+    @field_validator("runtime")
+    @classmethod
+    def _only_runsc(cls, value: str) -> str:
+        if value != "runsc":
+            raise ValueError("the gvisor backend always runs runsc; use the docker backend")
+        return value
+
+
+class DockerBackend(Backend):
+    id: ClassVar[str] = "docker"
+    Options: ClassVar[type[BackendOptions]] = DockerOptions
+    claims: ClassVar[Level] = Level.ISOLATED
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        assert isinstance(options, DockerOptions)
+        if sys.platform == "win32":
+            # The channel is a Unix socket bind-mounted into a Linux container; a Windows
+            # host cannot offer that, and nothing weaker is substituted.
+            raise ConfigurationError(
+                f"the {self.id} backend does not run on a Windows host; run the host on Linux"
+            )
+        self.settings = options
+        detected = eng.detect_engine(options.engine)
+        self.engine: str = detected[0] if detected else (options.engine or "docker")
+        self.cli: str | None = detected[1] if detected else None
+        self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        if self.cli is not None:
+            _reap_once(self.cli, self.engine)
+
+    # ------------------------------------------------------------------ availability
+
+    def _engine(self, *args: str) -> subprocess.CompletedProcess[str]:
+        assert self.cli is not None
+        return subprocess.run(
+            [self.cli, *args], env=eng.engine_environment(), capture_output=True, text=True,
+            timeout=eng.ENGINE_COMMAND_SECONDS, check=False, stdin=subprocess.DEVNULL,
+        )
+
+    def unavailable_reason(self) -> str | None:
+        if not sys.platform.startswith("linux"):
+            return "the control socket is bind-mounted into the container: needs a Linux host"
+        if self.cli is None:
+            return (
+                f"no container engine CLI ({self.settings.engine or 'docker or podman'}) on PATH; "
+                "install one (e.g. apt-get install docker.io) and start the engine"
+            )
+        try:
+            inspected = self._engine("image", "inspect", "--format", "{{.Id}}",
+                                     self.settings.image)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"the {self.engine} engine did not answer: {exc}"
+        if inspected.returncode != 0:
+            err = inspected.stderr.strip()
+            if "no such image" in err.lower() or "image not known" in err.lower():
+                return image_missing(self.settings.image, self.engine)
+            return f"the {self.engine} engine did not answer: {err or 'no reason given'}"
+        if self.settings.runtime == "runsc" and self.engine == "docker":
+            info = self._engine("info", "--format", "{{json .Runtimes}}")
+            try:
+                runtimes = json.loads(info.stdout or "{}") or {}
+            except ValueError:
+                runtimes = {}
+            if "runsc" not in runtimes:
+                return (
+                    "the docker engine has no 'runsc' runtime registered; install gVisor and "
+                    "register it in /etc/docker/daemon.json (see the plugin's ci/install-engine.sh)"
+                )
+        return None
+
+    # ------------------------------------------------------------------ mechanisms and argv
+
+    def mechanisms(self, limits_memory: bool) -> Mechanisms:
+        return Mechanisms(
+            filesystem_boundary=True,
+            network_namespace=True,
+            process_tree_boundary=True,
+            process_group=False,
+            unprivileged_identity=True,
+            memory_cgroup=limits_memory,
+            # Under runsc the cgroup counts gVisor's host tasks, not the program's processes:
+            # the guest's RLIMIT_NPROC is the limit there, graded as the rlimit it is.
+            pids_cgroup=self.settings.runtime == "runc",
+        )
+
+    def command(
+        self,
+        request: LaunchRequest,
+        *,
+        name: str,
+        execution: str,
+        socket_dir: Path,
+        channel_spec: str,
+        cgroup_parent: str | None,
+    ) -> list[str]:
+        """The engine command line for one execution."""
+        assert self.cli is not None
+        s = self.settings
+        limits = request.limits
+        runsc = s.runtime == "runsc"
+        argv = [
+            self.cli, "run",
+            "--name", name,
+            "--pull", "never",
+            *eng.owner_labels(),
+            "--label", f"{eng.EXECUTION_LABEL}={execution}",
+            "--init",
+            "--network", "none",
+            "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges",
+            "--read-only",
+            "--user", f"{NOBODY}:{NOBODY}",
+            "--hostname", "sandbox",
+            "--workdir", WORKSPACE,
+            # Output goes through the attached client only: nothing piles up in engine logs.
+            "--log-driver", "none",
+            "--tmpfs",
+            f"{WORKSPACE}:rw,nosuid,nodev,size={s.workspace_bytes},uid={NOBODY},gid={NOBODY},"
+            "mode=0700",
+            "--tmpfs", f"{TMP}:rw,nosuid,nodev,noexec,size={s.tmp_bytes},mode=1777",
+            "--shm-size", str(s.shm_bytes),
+            "--volume", f"{socket_dir}:{CHILD_RUN_DIR}:rw",
+        ]
+        if runsc or self.engine == "docker":
+            # Podman's default runtime is its own choice (often crun): name only gVisor there.
+            argv += ["--runtime", s.runtime]
+        if limits.memory_bytes is not None:
+            memory = limits.memory_bytes + (RUNSC_MEMORY_OVERHEAD if runsc else 0)
+            argv += ["--memory", str(memory), "--memory-swap", str(memory)]
+        if s.cpus is not None:
+            argv += ["--cpus", f"{s.cpus:g}"]
+        processes = limits.processes or DEFAULT_PROCESSES
+        if runsc:
+            pids = RUNSC_PIDS_BASE + RUNSC_PIDS_PER_PROCESS * processes
+            argv += ["--ulimit", f"nproc={processes}:{processes}", "--pids-limit", str(pids)]
+        else:
+            argv += ["--pids-limit", str(processes + RUNC_PIDS_HEADROOM)]
+        if cgroup_parent is not None:
+            argv += ["--cgroup-parent", cgroup_parent]
+        for key, value in {**child_environment(TMP), **request.environment}.items():
+            argv += ["--env", f"{key}={value}"]
+        argv += [
+            s.image,
+            INTERPRETER, "-I", "-u", "-c", request.bootstrap_source,
+            f"channel={channel_spec}",
+            "probe=" + json.dumps(request.probe.as_json_object()),
+        ]
+        return argv
+
+    # ------------------------------------------------------------------ launch
+
+    @asynccontextmanager
+    async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
+        if self.cli is None:
+            raise BackendUnavailable(self.unavailable_reason() or "no container engine")
+        owner = eng.current_owner()
+        execution = uuid.uuid4().hex
+        name = f"psych-sandbox-{execution[:20]}"
+        cgroup_name = f"{owner.token}-{execution[:12]}"
+        measured = self.is_root and self.engine == "docker" and bool(eng.cgroup_controllers())
+        socket_dir = Path(tempfile.mkdtemp(prefix=f"{eng.SOCKET_DIR_PREFIX}{owner.token}-"))
+        channel = _ContainerChannel(socket_dir, child_path=f"{CHILD_RUN_DIR}/control.sock")
+        process: ManagedProcess | None = None
+        launched: _Launched | None = None
+        try:
+            await channel.open(0o600 if self.is_root else 0o666)
+            if self.is_root:
+                # Only the container's uid (and root) can reach the socket.
+                os.chmod(socket_dir, 0o700)
+                os.chown(socket_dir, NOBODY, NOBODY)
+                os.chown(channel.path, NOBODY, NOBODY)
+            else:
+                # The host cannot give the socket away: a directory others may traverse but
+                # not list, under an unguessable name.
+                os.chmod(socket_dir, 0o711)
+            argv = self.command(
+                request, name=name, execution=execution, socket_dir=socket_dir,
+                channel_spec=channel.child_spec,
+                cgroup_parent=f"/{eng.CGROUP_ROOT}/{cgroup_name}" if measured else None,
+            )
+            try:
+                process = await ManagedProcess.spawn(argv, env=eng.engine_environment(), cwd="/")
+            except OSError as exc:
+                raise BackendUnavailable(f"could not run {self.cli}: {exc}") from exc
+            launched = _Launched(
+                self, process, channel, name,
+                mechanisms=self.mechanisms(request.limits.memory_bytes is not None),
+                memory_bytes=request.limits.memory_bytes,
+                cgroup_name=cgroup_name if measured else None,
+            )
+            await launched.started()
+            yield launched
+        finally:
+            with anyio.CancelScope(shield=True):
+                if launched is not None:
+                    await launched.finish()
+                else:
+                    if process is not None:
+                        await process.aclose()
+                    await self.remove(name)
+                await channel.aclose()
+                _remove_tree(socket_dir)
+                if measured:
+                    eng.remove_cgroup_parent(cgroup_name)
+
+    async def engine_command(self, *args: str) -> tuple[int, str, str]:
+        """Run one engine CLI command; (status, stdout, stderr). Never raises for failure."""
+        assert self.cli is not None
+        try:
+            with anyio.fail_after(eng.ENGINE_COMMAND_SECONDS):
+                done = await anyio.run_process(
+                    [self.cli, *args], env=eng.engine_environment(), check=False,
+                    stdin=subprocess.DEVNULL,
+                )
+        except (OSError, TimeoutError) as exc:
+            return -1, "", str(exc)
+        return (
+            done.returncode,
+            done.stdout.decode("utf-8", "replace"),
+            done.stderr.decode("utf-8", "replace"),
+        )
+
+    async def remove(self, name: str) -> None:
+        await self.engine_command("rm", "-f", "--volumes", name)
+
+
+def image_missing(image: str, engine: str) -> str:
+    build = "python -m psych_sandbox_docker.image"
+    if engine != "docker":
+        build += f" --engine {engine}"
+    if image != DEFAULT_TAG:
+        build += f" --tag {image}" if "@" not in image else ""
+    return (
+        f"the image {image!r} is not present in the {engine} engine, and images are never "
+        f"pulled implicitly; build the local one with `{build}`, or pull/load {image!r} "
+        "yourself"
+    )
+
+
+class _ContainerChannel(UnixSocketChannel):
+    """The core's Unix socket channel, accepted early: the bootstrap's connection is the sign
+    the container started, and is handed to the core when it asks."""
+
+    def __init__(self, directory: Path, *, child_path: str) -> None:
+        super().__init__(directory, child_path=child_path)
+        self.early: ByteStream | None = None
+
+    async def accept_early(self) -> None:
+        self.early = await super().accept()
+
+    async def accept(self) -> ByteStream:
+        if self.early is not None:
+            stream, self.early = self.early, None
+            return stream
+        return await super().accept()
+
+    async def aclose(self) -> None:
+        if self.early is not None:
+            await self.early.aclose()
+            self.early = None
+        await super().aclose()
+
+
+class _Launched(Launched):
+    def __init__(
+        self,
+        backend: DockerBackend,
+        process: ManagedProcess,
+        channel: _ContainerChannel,
+        name: str,
+        *,
+        mechanisms: Mechanisms,
+        memory_bytes: int | None,
+        cgroup_name: str | None,
+    ) -> None:
+        self.backend = backend
+        self.process = process
+        self.channel = channel
+        self._channel = channel
+        self.name = name
+        self.mechanisms = mechanisms
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+        self._memory_bytes = memory_bytes
+        self._cgroup_name = cgroup_name
+        self._status: ExitStatus | None = None
+        self._killed = False
+
+    async def started(self) -> None:
+        """Return once the bootstrap has connected; raise BackendUnavailable, quoting the
+        engine, if the container ended first."""
+        exited = False
+        with anyio.move_on_after(STARTUP_SECONDS):
+            async with anyio.create_task_group() as tg:
+
+                async def connected() -> None:
+                    await self._channel.accept_early()
+                    tg.cancel_scope.cancel()
+
+                async def died() -> None:
+                    nonlocal exited
+                    await self.process.wait_exited()
+                    exited = True
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(connected)
+                tg.start_soon(died)
+        if not exited or self._channel.early is not None:
+            return
+        status = await self.finish()
+        message = await _read_some(self.process.stderr, STARTUP_STDERR_BYTES)
+        lowered = message.lower()
+        if "no such image" in lowered or "unable to find image" in lowered:
+            raise BackendUnavailable(
+                image_missing(self.backend.settings.image, self.backend.engine)
+            )
+        raise BackendUnavailable(
+            f"the {self.backend.engine} engine could not start the container "
+            f"({status.describe()}): {message or 'it printed nothing'}"
+        )
+
+    async def wait_exited(self) -> None:
+        await self.process.wait_exited()
+
+    async def terminate(self, grace_seconds: float) -> None:
+        # Nothing in an untrusted container is worth a grace window: kill it whole.
+        await self._kill()
+
+    async def _kill(self) -> None:
+        if self._killed:
+            return
+        self._killed = True
+        await self.backend.engine_command("kill", "--signal", "KILL", self.name)
+
+    async def finish(self) -> ExitStatus:
+        if self._status is not None:
+            return self._status
+        with anyio.CancelScope(shield=True):
+            try:
+                exited_alone = False
+                with anyio.move_on_after(0):
+                    await self.process.wait_exited()
+                    exited_alone = True
+                if not exited_alone:
+                    await self._kill()
+                with anyio.move_on_after(CLIENT_EXIT_SECONDS):
+                    await self.process.wait_exited()
+                client = await self.process.kill_and_reap()
+                rc, out, _ = await self.backend.engine_command(
+                    "inspect", "--format", "{{json .State}}", self.name
+                )
+                state: dict[str, object] = {}
+                if rc == 0:
+                    with suppress(ValueError):
+                        parsed = json.loads(out)
+                        if isinstance(parsed, dict):
+                            state = parsed
+            finally:
+                await self.backend.remove(self.name)
+            self._status = self._interpret(client, state)
+        return self._status
+
+    def _interpret(self, client: ExitStatus, state: dict[str, object]) -> ExitStatus:
+        code = state.get("ExitCode")
+        if not isinstance(code, int):
+            # No container state (it never existed): the client's own status.
+            code = client.code if client.code is not None else 128 + (client.signal or 0)
+        cpu, peak = self._usage()
+        hint: tuple[ErrorKind, str] | None = None
+        sig: int | None = None
+        if state.get("OOMKilled") is True:
+            limit = (
+                f" of {self._memory_bytes // MiB} MiB" if self._memory_bytes is not None else ""
+            )
+            hint = (
+                ErrorKind.MEMORY_LIMIT,
+                f"the program exhausted the container's memory limit{limit} and the kernel's "
+                "out-of-memory killer ended it",
+            )
+            sig = signal.SIGKILL
+        elif 128 < code < 128 + 65:
+            # The engine's init exits 128+N when the program died of signal N.
+            sig = code - 128
+        elif (
+            code == RUNSC_CRASHED
+            and self.backend.settings.runtime == "runsc"
+            and not self._killed
+        ):
+            hint = (
+                ErrorKind.WORKER_EXIT,
+                "the gVisor sandbox ended with status 2 before the program returned: runsc "
+                "exits so when the sandbox itself crashes (for example at its host task "
+                "limit), though a program calling os._exit(2) looks the same",
+            )
+        return ExitStatus(
+            code=None if sig is not None else code,
+            signal=sig,
+            cpu_seconds=cpu,
+            peak_memory_bytes=peak,
+            failure_hint=hint,
+        )
+
+    def _usage(self) -> tuple[float | None, int | None]:
+        """CPU seconds and peak memory of the container's cgroup (the runtime's own
+        overhead included), read from the per-execution parent that outlived it."""
+        if self._cgroup_name is None:
+            return None, None
+        base = eng.CGROUP_MOUNT
+        try:
+            cpu_ns = int((base / "cpuacct" / eng.CGROUP_ROOT / self._cgroup_name /
+                          "cpuacct.usage").read_text())
+            peak = int((base / "memory" / eng.CGROUP_ROOT / self._cgroup_name /
+                        "memory.max_usage_in_bytes").read_text())
+        except (OSError, ValueError):
+            return None, None
+        return cpu_ns / 1e9, peak
+
+
+async def _read_some(stream: anyio.abc.ByteReceiveStream, limit: int) -> str:
+    data = b""
+    with anyio.move_on_after(1.0):
+        while len(data) < limit:
+            try:
+                data += await stream.receive(limit - len(data))
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                break
+    return data.decode("utf-8", "replace").strip()
+
+
+def _remove_tree(directory: Path) -> None:
+    import shutil
+
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+_REAPED: set[str] = set()
+
+
+def _reap_once(cli: str, engine: str) -> None:
+    """Reap orphans of dead hosts the first time this process configures an engine."""
+    if cli in _REAPED:
+        return
+    _REAPED.add(cli)
+    eng.reap_orphans(engine)
+
+
+class GvisorBackend(DockerBackend):
+    """The docker backend with gVisor's runsc, as a backend of its own so profiles and
+    ``doctor`` name it (registered by the ``gvisor`` entry point, see gvisor.py)."""
+
+    id: ClassVar[str] = "gvisor"
+    Options: ClassVar[type[BackendOptions]] = GvisorOptions
+
+
+@hookspecs.hookimpl
+def psych_sandbox_register_backends(registry: hookspecs.BackendRegistrar) -> None:
+    registry.add(DockerBackend)
