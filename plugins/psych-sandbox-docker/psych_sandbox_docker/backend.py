@@ -232,7 +232,7 @@ class DockerBackend(Backend):
             "mode=0700",
             "--tmpfs", f"{TMP}:rw,nosuid,nodev,noexec,size={s.tmp_bytes},mode=1777",
             "--shm-size", str(s.shm_bytes),
-            "--volume", f"{socket_dir}:{CHILD_RUN_DIR}:rw",
+            "--volume", f"{socket_dir}:{CHILD_RUN_DIR}:ro",
         ]
         if runsc or self.engine == "docker":
             # Podman's default runtime is its own choice (often crun): name only gVisor there.
@@ -276,16 +276,13 @@ class DockerBackend(Backend):
         process: ManagedProcess | None = None
         launched: _Launched | None = None
         try:
+            # The directory stays the host's, and the container may only traverse it: a
+            # program that could write there would be writing to the host's disk. Only the
+            # socket is the container's (and root's) to connect to.
+            os.chmod(socket_dir, 0o711)
             await channel.open(0o600 if self.is_root else 0o666)
             if self.is_root:
-                # Only the container's uid (and root) can reach the socket.
-                os.chmod(socket_dir, 0o700)
-                os.chown(socket_dir, NOBODY, NOBODY)
                 os.chown(channel.path, NOBODY, NOBODY)
-            else:
-                # The host cannot give the socket away: a directory others may traverse but
-                # not list, under an unguessable name.
-                os.chmod(socket_dir, 0o711)
             argv = self.command(
                 request, name=name, execution=execution, socket_dir=socket_dir,
                 channel_spec=channel.child_spec,
@@ -308,9 +305,9 @@ class DockerBackend(Backend):
                 if launched is not None:
                     await launched.finish()
                 else:
-                    if process is not None:
-                        await process.aclose()
                     await self.remove(name)
+                if process is not None:
+                    await process.aclose()
                 await channel.aclose()
                 _remove_tree(socket_dir)
                 if measured:
