@@ -5,19 +5,84 @@
 # Sequence: connect the channel -> probe own containment -> hello -> wait for run or abort
 # -> apply limits -> compile -> run -> result frame -> exit.
 #
-# Imports are kept to what every run needs; asyncio and traceback load only when used,
-# because interpreter start-up is most of an execution's latency.
-import ast
-import json
+# Imports are kept to C modules every run needs (_ast, _json, _socket, _thread); the Python
+# wrappers around them (ast, json, socket, threading) would import re, enum and collections,
+# which roughly doubles an interpreter's start-up. asyncio and traceback load only when used.
+import _ast as ast
+import _socket
+import _thread
 import os
-import socket
 import sys
+
+try:
+    import _json
+except ImportError:  # an interpreter without the C accelerator: the plain module will do
+    _json = None
 
 PROTOCOL_VERSION = 1
 PROGRAM_FILENAME = "<program>"
 MAX_HOST_FRAME_BYTES = 64 * 1024 * 1024
 MAIN_NAME = "__psych_main__"
 RLIMIT_NAMES = ("CORE", "CPU", "AS", "FSIZE", "NPROC", "NOFILE")
+
+
+# ------------------------------------------------------------------ JSON without json
+
+
+class _DecodeContext:
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    memo = None
+
+    @staticmethod
+    def parse_constant(name):
+        raise ValueError(f"{name} is not valid JSON")
+
+
+def _not_serialisable(value):
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+if _json is not None:
+    _scan = _json.make_scanner(_DecodeContext())
+
+    def json_loads(text):
+        if isinstance(text, (bytes, bytearray)):
+            text = text.decode("utf-8")
+        start = len(text) - len(text.lstrip(" \t\r\n"))
+        end = len(text.rstrip(" \t\r\n"))
+        try:
+            value, stop = _scan(text, start)
+        except StopIteration:
+            raise ValueError("invalid JSON") from None
+        if stop != end:
+            raise ValueError("invalid JSON: extra data after the value")
+        return value
+
+    def json_dumps(value):
+        encode = _json.make_encoder(
+            {}, _not_serialisable, _json.encode_basestring_ascii, None, ":", ",", False, False,
+            False,
+        )
+        return "".join(encode(value, 0))
+
+else:  # pragma: no cover - CPython always has _json
+
+    def json_loads(text):
+        import json
+
+        return json.loads(text, parse_constant=_DecodeContext.parse_constant)
+
+    def json_dumps(value):
+        import json
+
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+
+
+# ------------------------------------------------------------------ the program's helpers
 
 
 class ToolError(Exception):
@@ -60,34 +125,47 @@ class Channel:
         kind, _, rest = spec.partition(":")
         token = None
         if kind == "fd":
-            sock = socket.socket(fileno=int(rest))
+            sock = _socket.socket(fileno=int(rest))
         elif kind == "unix":
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             sock.connect(rest)
         elif kind == "tcp":
             host, port, token = rest.rsplit(":", 2)
-            sock = socket.create_connection((host.strip("[]"), int(port)))
+            host = host.strip("[]")
+            family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
+            sock = _socket.socket(family, _socket.SOCK_STREAM)
+            sock.connect((host, int(port)))
         else:
             raise SystemExit(f"psych-sandbox bootstrap: unknown channel {spec!r}")
-        sock.set_inheritable(False)
+        os.set_inheritable(sock.fileno(), False)
         self.sock = sock
-        self.reader = sock.makefile("rb")
+        self._buffer = b""
         if token is not None:
             sock.sendall(token.encode() + b"\n")
-        import threading
-
-        self.lock = threading.Lock()
+        self.lock = _thread.allocate_lock()
         self.next_id = 0
 
     def send(self, frame):
-        data = json.dumps(frame, separators=(",", ":"), allow_nan=False) + "\n"
-        self.sock.sendall(data.encode())
+        self.sock.sendall((json_dumps(frame) + "\n").encode())
+
+    def _readline(self):
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line, self._buffer = self._buffer[: end + 1], self._buffer[end + 1 :]
+                return line
+            if len(self._buffer) > MAX_HOST_FRAME_BYTES:
+                return b""
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                return b""
+            self._buffer += chunk
 
     def receive(self):
-        line = self.reader.readline(MAX_HOST_FRAME_BYTES)
+        line = self._readline()
         if not line.endswith(b"\n"):
             raise SystemExit("psych-sandbox bootstrap: control channel closed")
-        frame = json.loads(line)
+        frame = json_loads(line)
         if not isinstance(frame, dict):
             raise SystemExit("psych-sandbox bootstrap: malformed host frame")
         return frame
@@ -104,7 +182,7 @@ class Channel:
             raise SystemExit("psych-sandbox bootstrap: reply out of order")
         carries = reply.get("carries")
         if carries == "value":
-            return json.loads(reply["value_json"])
+            return json_loads(reply["value_json"])
         if carries == "handle":
             return ToolResultHandle(reply["handle"])
         raise ToolError(reply.get("error_kind") or "tool_error", reply.get("message") or "")
@@ -117,7 +195,7 @@ def _probe_connect(family, address):
     if address is None:
         return "skipped"
     try:
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = _socket.socket(family, _socket.SOCK_STREAM)
     except OSError:
         return "unreachable"
     sock.settimeout(1.0)
@@ -135,7 +213,7 @@ def _probe_connect(family, address):
 def _interfaces_up():
     # Ask the kernel about this process's own network namespace (sysfs may be the host's).
     try:
-        names = [name for _, name in socket.if_nameindex()]
+        names = [name for _, name in _socket.if_nameindex()]
     except OSError:
         return []
     up = []
@@ -145,7 +223,7 @@ def _interfaces_up():
             import fcntl
             import struct
 
-            probe_socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            probe_socket = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
         for name in names:
             if name == "lo" or name.startswith("lo0"):
                 continue
@@ -214,8 +292,8 @@ def probe(config):
         "pid": os.getpid(),
         "canary_readable": canary_readable,
         "network": {
-            "ipv4": _probe_connect(socket.AF_INET, ("127.0.0.1", port4) if port4 else None),
-            "ipv6": _probe_connect(socket.AF_INET6, ("::1", port6) if port6 else None),
+            "ipv4": _probe_connect(_socket.AF_INET, ("127.0.0.1", port4) if port4 else None),
+            "ipv6": _probe_connect(_socket.AF_INET6, ("::1", port6) if port6 else None),
             "interfaces_up": _interfaces_up(),
         },
         "limits": _limits(),
@@ -278,7 +356,69 @@ def apply_limits(limits):
 # ------------------------------------------------------------------ compiling
 
 
-class _ScopeWalker(ast.NodeVisitor):
+def _iter_children(node):
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if isinstance(value, ast.AST):
+            yield value
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, ast.AST):
+                    yield item
+
+
+def _walk(node):
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        pending.extend(_iter_children(current))
+        yield current
+
+
+def _copy_location(new, old):
+    for attribute in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
+        if hasattr(old, attribute):
+            setattr(new, attribute, getattr(old, attribute))
+    return new
+
+
+def _fix_missing_locations(node):
+    # Give every synthetic node its parent's position, as ast.fix_missing_locations does.
+    def fix(current, lineno, col, end_lineno, end_col):
+        if "lineno" in current._attributes:
+            if getattr(current, "lineno", None) is None:
+                current.lineno = lineno
+            else:
+                lineno = current.lineno
+            if getattr(current, "end_lineno", None) is None:
+                current.end_lineno = end_lineno
+            else:
+                end_lineno = current.end_lineno
+            if getattr(current, "col_offset", None) is None:
+                current.col_offset = col
+            else:
+                col = current.col_offset
+            if getattr(current, "end_col_offset", None) is None:
+                current.end_col_offset = end_col
+            else:
+                end_col = current.end_col_offset
+        for child in _iter_children(current):
+            fix(child, lineno, col, end_lineno, end_col)
+
+    fix(node, 1, 0, 1, 0)
+    return node
+
+
+class _NodeVisitor:
+    def visit(self, node):
+        return getattr(self, "visit_" + type(node).__name__, self.generic_visit)(node)
+
+    def generic_visit(self, node):
+        for child in _iter_children(node):
+            self.visit(child)
+
+
+class _ScopeWalker(_NodeVisitor):
     """Collects names the top-level scope binds, and whether it awaits, without descending
     into nested scopes."""
 
@@ -312,7 +452,7 @@ class _ScopeWalker(ast.NodeVisitor):
     def _visit_comprehension(self, node):
         # The first iterable is evaluated in the enclosing scope; an await there counts.
         self.visit(node.generators[0].iter)
-        for child in ast.walk(node):
+        for child in _walk(node):
             if isinstance(child, ast.NamedExpr) and isinstance(child.target, ast.Name):
                 self.names.add(child.target.id)
             if isinstance(child, (ast.Await,)) or (
@@ -378,7 +518,7 @@ def build_program(source):
 
     Returns (code, is_async). Raises SyntaxError with the program's own line and column.
     """
-    tree = ast.parse(source, PROGRAM_FILENAME, "exec", type_comments=False)
+    tree = compile(source, PROGRAM_FILENAME, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
     body = list(tree.body)
     futures = []
     while body and isinstance(body[0], ast.ImportFrom) and body[0].module == "__future__":
@@ -391,7 +531,7 @@ def build_program(source):
         walker.visit(statement)
     if walker.yields:
         first = next(
-            n for s in body for n in ast.walk(s) if isinstance(n, (ast.Yield, ast.YieldFrom))
+            n for s in body for n in _walk(s) if isinstance(n, (ast.Yield, ast.YieldFrom))
         )
         raise SyntaxError(
             "'yield' outside function",
@@ -403,7 +543,7 @@ def build_program(source):
     body = [statement for statement in body if statement is not None]
     if body and isinstance(body[-1], ast.Expr):
         last = body[-1]
-        body[-1] = ast.copy_location(ast.Return(value=last.value), last)
+        body[-1] = _copy_location(ast.Return(value=last.value), last)
     anchor = body[0] if body else (futures[0] if futures else None)
     if not body:
         body = [ast.Pass()]
@@ -425,10 +565,10 @@ def build_program(source):
         # Anchor the synthetic nodes on the first real statement so every line number in a
         # traceback is a line of the model's text.
         for node in (wrapper, body[0]):
-            ast.copy_location(node, anchor)
+            _copy_location(node, anchor)
             node.end_lineno = anchor.end_lineno
             node.end_col_offset = anchor.end_col_offset
-    ast.fix_missing_locations(module)
+    _fix_missing_locations(module)
     # dont_inherit: this module's own compiler flags must not leak into the program.
     code = compile(module, PROGRAM_FILENAME, "exec", dont_inherit=True)
     return code, walker.awaits
@@ -439,7 +579,7 @@ def _unannotate(statement):
     if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
         if statement.value is None:
             return None
-        return ast.copy_location(
+        return _copy_location(
             ast.Assign(targets=[statement.target], value=statement.value), statement
         )
     return statement
@@ -466,8 +606,24 @@ def _filter_exception(te):
         stack.extend(getattr(current, "exceptions", None) or [])
 
 
+_PROGRAM_SOURCE = None
+
+
+def _register_source():
+    # Only when a traceback is formatted: linecache pulls in tokenize and re, which every
+    # successful run would otherwise pay for at start-up.
+    import linecache
+
+    if _PROGRAM_SOURCE is not None:
+        linecache.cache[PROGRAM_FILENAME] = (
+            len(_PROGRAM_SOURCE), None, _PROGRAM_SOURCE.splitlines(True), PROGRAM_FILENAME,
+        )
+
+
 def describe_exception(exc):
     import traceback
+
+    _register_source()
 
     te = traceback.TracebackException(type(exc), exc, exc.__traceback__, capture_locals=False)
     _filter_exception(te)
@@ -510,7 +666,7 @@ def _make_namespace(channel, tools):
             for key, value in arguments.items()
         }
         try:
-            json.dumps(arguments, allow_nan=False)
+            json_dumps(arguments)
         except (TypeError, ValueError, RecursionError) as exc:
             raise TypeError(f"call_tool({name!r}): arguments must be JSON data: {exc}") from None
         return channel.call(name, arguments)
@@ -557,11 +713,8 @@ def run_program(channel, frame):
         code, is_async = build_program(frame["source"])
     except SyntaxError as exc:
         return {"outcome": "raised", "error": describe_exception(exc)}
-    import linecache
-
-    linecache.cache[PROGRAM_FILENAME] = (
-        len(frame["source"]), None, frame["source"].splitlines(True), PROGRAM_FILENAME,
-    )
+    global _PROGRAM_SOURCE
+    _PROGRAM_SOURCE = frame["source"]
     try:
         exec(code, namespace)
         main = namespace.pop(MAIN_NAME)
@@ -582,7 +735,7 @@ def run_program(channel, frame):
     if isinstance(value, ToolResultHandle):
         value = value.to_json()
     try:
-        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        encoded = json_dumps(value)
     except (TypeError, ValueError, RecursionError) as exc:
         return {
             "outcome": "invalid_output",
@@ -664,7 +817,7 @@ def main(argv):
     for item in argv:
         key, _, value = item.partition("=")
         options[key.lstrip("-")] = value
-    probe_config = json.loads(options.get("probe") or "{}")
+    probe_config = json_loads(options.get("probe") or "{}")
     if options.get("pid-namespace") == "1":
         _pid_namespace_init()
     channel = Channel(options["channel"])

@@ -74,9 +74,11 @@ class WarmPool:
     async def run(self, plan: ExecutionPlan) -> ExecutionResult:
         """Run ``plan`` on a prepared child, or cold when none is ready."""
         slot = self._ready.popleft() if self._ready else None
-        self.refill()
         if slot is None:
-            return await execute(self._backend, plan)
+            try:
+                return await execute(self._backend, plan)
+            finally:
+                self.refill()
         cancel = plan.cancel if plan.cancel is not None else anyio.Event()
         slot.assign(dataclasses.replace(plan, cancel=cancel))
         try:
@@ -85,6 +87,10 @@ class WarmPool:
             # The caller went away: the execution must not outlive it.
             cancel.set()
             raise
+        finally:
+            # Replace the child only now: spawning competes for the CPU and the event loop
+            # with the program being served, which is the latency this pool exists to cut.
+            self.refill()
         if slot.error is not None:
             raise slot.error
         if slot.result is None:

@@ -64,8 +64,15 @@ async def test_unknown_backend_is_a_configuration_error_naming_it() -> None:
 
 
 def test_unknown_backend_error_names_the_distribution_to_install() -> None:
-    with pytest.raises(UnknownBackendError, match="pip install psych-sandbox-docker"):
-        BackendRegistry().get("docker")
+    from psych_sandbox_core.registry import KNOWN_DISTRIBUTIONS
+
+    registry = BackendRegistry()
+    missing = [name for name in KNOWN_DISTRIBUTIONS if name not in registry.ids()]
+    assert missing, "every known backend is installed here; nothing to look up"
+    backend_id = missing[0]
+    expected = f"pip install {KNOWN_DISTRIBUTIONS[backend_id]}"
+    with pytest.raises(UnknownBackendError, match=expected):
+        registry.get(backend_id)
 
 
 async def test_invalid_backend_options_are_a_configuration_error() -> None:
