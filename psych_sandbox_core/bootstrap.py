@@ -17,7 +17,7 @@ import sys
 try:
     import _json
 except ImportError:  # an interpreter without the C accelerator: the plain module will do
-    _json = None
+    _json = None  # type: ignore[assignment]
 
 PROTOCOL_VERSION = 1
 PROGRAM_FILENAME = "<program>"
@@ -47,7 +47,7 @@ def _not_serialisable(value):
 
 
 if _json is not None:
-    _scan = _json.make_scanner(_DecodeContext())
+    _scan = _json.make_scanner(_DecodeContext())  # type: ignore[arg-type]
 
     def json_loads(text):
         if isinstance(text, (bytes, bytearray)):
@@ -519,7 +519,7 @@ def build_program(source):
     Returns (code, is_async). Raises SyntaxError with the program's own line and column.
     """
     tree = compile(source, PROGRAM_FILENAME, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
-    body = list(tree.body)
+    body = list(tree.body)  # type: ignore[attr-defined]
     futures = []
     while body and isinstance(body[0], ast.ImportFrom) and body[0].module == "__future__":
         futures.append(body.pop(0))
