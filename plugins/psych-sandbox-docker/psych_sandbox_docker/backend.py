@@ -467,8 +467,9 @@ class _Launched(Launched):
                             state = parsed
             finally:
                 await self.backend.remove(self.name)
-            self._status = self._interpret(client, state)
-        return self._status
+            status = self._interpret(client, state)
+        self._status = status
+        return status
 
     def _interpret(self, client: ExitStatus, state: dict[str, object]) -> ExitStatus:
         code = state.get("ExitCode")

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -209,10 +210,8 @@ def _reap_host_leftovers(everything: bool) -> None:
             continue
         for entry in entries:
             if entry.is_dir() and _dead_token(entry.name, everything):
-                try:
+                with suppress(OSError):
                     entry.rmdir()
-                except OSError:
-                    pass
     tmp = Path(tempfile.gettempdir())
     try:
         leftovers = [p for p in tmp.iterdir() if p.name.startswith(SOCKET_DIR_PREFIX)]

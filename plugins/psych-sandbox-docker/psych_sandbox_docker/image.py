@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import re
@@ -315,10 +316,8 @@ def build_local_image(tag: str = DEFAULT_TAG, *, engine: str = "docker") -> str:
         proc.wait()
         raise
     finally:
-        try:
+        with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()
-        except BrokenPipeError:
-            pass
     rc = proc.wait()
     for t in readers:
         t.join()

@@ -12,7 +12,7 @@ import pytest
 # Under --import-mode=importlib test directories are not on sys.path; the helpers are here.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from docker_support import engine_problem, ensure_image, leftover_containers  # noqa: E402
+from docker_support import engine_problem, ensure_image, leftover_containers
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import anyio
 import pytest
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core.result import ExecutionResult
+
 from psych_sandbox_docker.engine import OWNER_LABEL, current_owner
 from psych_sandbox_docker.image import DEFAULT_TAG, build_local_image
 
