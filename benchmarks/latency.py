@@ -1,7 +1,15 @@
 """Per-execution latency of `print(2+2)` through the public API, next to the physical floor.
 
-The floor is the bare interpreter start-up (`python -I -c pass`) of the same interpreter the
-backend runs, measured in the same run. Prints the medians and the ratio per backend.
+The floor is the bare start-up (`python -I -c pass`) of the interpreter the backend runs,
+measured in the same run, interleaved with the measurements so both see the same machine.
+For each available backend it prints:
+
+- cold: every execution launches its child from nothing;
+- warm: a profile with `warm = 1`, at low load (a pause between executions lets the next
+  child get ready) — each child still runs exactly one program;
+- sustained: the same warm profile driven back to back, as executions per second;
+- where a backend names one (`bare_command()`), the bare equivalent of its own start-up
+  (e.g. `docker run` of the same image) measured in the same run.
 
     python benchmarks/latency.py [--runs N] [--backend ID ...]
 """
@@ -13,56 +21,84 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 import anyio
 
-from psych_sandbox_core import Sandbox
+from psych_sandbox_core import DeploymentConfig, ProfileConfig, Sandbox
 from psych_sandbox_core.registry import BackendRegistry
 from psych_sandbox_core.sandbox import trial
 
+PROGRAM = "print(2+2)"
+#: Pause between warm executions so the replacement child is ready: "low load".
+LOW_LOAD_PAUSE_SECONDS = 0.1
 
-def bare_startup(interpreter: str, runs: int) -> float:
-    samples = []
-    for _ in range(runs):
+
+def time_command(argv: Sequence[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(list(argv), check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+async def time_run(sandbox: Sandbox, profile: str) -> float:
+    started = time.perf_counter()
+    result = await sandbox.run(PROGRAM, profile=profile)
+    elapsed = time.perf_counter() - started
+    if result.error is not None or result.stdout != "4\n":
+        raise SystemExit(f"{profile}: unexpected result {result.error}")
+    return elapsed
+
+
+async def measure(backend_id: str, runs: int) -> None:
+    config = DeploymentConfig(
+        profiles={
+            "cold": ProfileConfig(backend=backend_id),
+            "warm": ProfileConfig(backend=backend_id, warm=1),
+        }
+    )
+    async with Sandbox(config) as sandbox:
+        loaded = await sandbox._load("cold")
+        interpreter = str(getattr(loaded.backend, "interpreter", sys.executable))
+        bare_command = getattr(loaded.backend, "bare_command", None)
+        floor_argv = [interpreter, "-I", "-c", "pass"]
+        await time_run(sandbox, "cold")
+        await time_run(sandbox, "warm")
+        floor, cold, warm, bare = [], [], [], []
+        for _ in range(runs):
+            floor.append(time_command(floor_argv))
+            cold.append(await time_run(sandbox, "cold"))
+            await anyio.sleep(LOW_LOAD_PAUSE_SECONDS)
+            warm.append(await time_run(sandbox, "warm"))
+            if bare_command is not None:
+                bare.append(time_command(bare_command()))
         started = time.perf_counter()
-        subprocess.run([interpreter, "-I", "-c", "pass"], check=True)
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
-
-
-async def api_latency(sandbox: Sandbox, profile: str, runs: int) -> float:
-    await sandbox.run("print(2+2)", profile=profile)  # warm: selection, imports, caches
-    samples = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        result = await sandbox.run("print(2+2)", profile=profile)
-        samples.append(time.perf_counter() - started)
-        if result.error is not None or result.stdout != "4\n":
-            raise SystemExit(f"{profile}: unexpected result {result.error}")
-    return statistics.median(samples)
+        for _ in range(runs):
+            await time_run(sandbox, "warm")
+        rate = runs / (time.perf_counter() - started)
+    f = statistics.median(floor)
+    c = statistics.median(cold)
+    w = statistics.median(warm)
+    print(f"{backend_id}: floor `{' '.join(floor_argv[:1])} -I -c pass` median {f * 1e3:.2f} ms")
+    print(f"{backend_id}:   cold       median {c * 1e3:7.2f} ms   ratio {c / f:5.2f}x")
+    print(f"{backend_id}:   warm       median {w * 1e3:7.2f} ms   ratio {w / f:5.2f}x (low load)")
+    print(f"{backend_id}:   sustained  {rate:7.1f} executions/s back to back (warm = 1)")
+    if bare:
+        b = statistics.median(bare)
+        print(f"{backend_id}:   bare equivalent start-up median {b * 1e3:7.2f} ms ({b / f:5.2f}x)")
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--backend", action="append", default=None)
     args = parser.parse_args()
     registry = BackendRegistry()
-    backends = args.backend or registry.ids()
-    async with Sandbox(registry=registry) as sandbox:
-        for backend_id in backends:
-            reason = await trial(registry, backend_id)
-            if reason is not None:
-                print(f"{backend_id:>12}: not available here ({reason})")
-                continue
-            loaded = await sandbox._load(backend_id)
-            interpreter = getattr(loaded.backend, "interpreter", sys.executable)
-            floor = bare_startup(interpreter, args.runs)
-            latency = await api_latency(sandbox, backend_id, args.runs)
-            print(
-                f"{backend_id:>12}: median {latency * 1000:7.2f} ms   bare `{interpreter} -I -c "
-                f"pass` {floor * 1000:6.2f} ms   ratio {latency / floor:5.2f}x"
-            )
+    for backend_id in args.backend or registry.ids():
+        reason = await trial(registry, backend_id)
+        if reason is not None:
+            print(f"{backend_id}: not available here ({reason})")
+            continue
+        await measure(backend_id, args.runs)
 
 
 if __name__ == "__main__":
