@@ -12,6 +12,7 @@ from psych_sandbox_core import Sandbox
 from psych_sandbox_core import sandbox as sandbox_module
 from psych_sandbox_core.errors import ConfigurationError
 from psych_sandbox_core.registry import BackendRegistry
+
 from psych_sandbox_docker import engine as eng
 from psych_sandbox_docker.image import DEFAULT_TAG
 
@@ -95,7 +96,8 @@ def test_reaper_removes_only_containers_of_dead_hosts() -> None:
     for label in (dead, me.label):
         started.append(subprocess.run(
             ["docker", "create", "--label", f"{eng.MANAGED_LABEL}=1",
-             "--label", f"{eng.MACHINE_LABEL}={me.machine}", "--label", f"{eng.OWNER_LABEL}={label}",
+             "--label", f"{eng.MACHINE_LABEL}={me.machine}",
+             "--label", f"{eng.OWNER_LABEL}={label}",
              "--network", "none", DEFAULT_TAG],
             capture_output=True, text=True, check=True,
         ).stdout.strip())
