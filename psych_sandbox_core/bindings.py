@@ -118,16 +118,25 @@ class FunctionBindings(BindingProvider):
     ) -> None:
         self._functions = dict(functions)
         self._suspending = frozenset(suspending)
+        # Computed once: inspecting a signature per call costs more than the call itself.
+        self._signatures: dict[str, inspect.Signature | None] = {}
+        for name, function in self._functions.items():
+            try:
+                self._signatures[name] = inspect.signature(function)
+            except (TypeError, ValueError):
+                self._signatures[name] = None
 
     async def list_tools(self) -> Sequence[ToolSpec]:
         return [ToolSpec(name, may_suspend=name in self._suspending) for name in self._functions]
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Any:
         function = self._functions[name]
-        try:
-            inspect.signature(function).bind(**arguments)
-        except TypeError as exc:
-            raise ToolCallError("invalid_arguments", f"{name}: {exc}") from None
+        signature = self._signatures.get(name)
+        if signature is not None:
+            try:
+                signature.bind(**arguments)
+            except TypeError as exc:
+                raise ToolCallError("invalid_arguments", f"{name}: {exc}") from None
         value = function(**arguments)
         if inspect.isawaitable(value):
             value = await value

@@ -156,7 +156,8 @@ class Channel:
                 return line
             if len(self._buffer) > MAX_HOST_FRAME_BYTES:
                 return b""
-            chunk = self.sock.recv(1 << 20)
+            # 64 KiB: a larger request makes the allocator map and unmap memory per read.
+            chunk = self.sock.recv(65536)
             if not chunk:
                 return b""
             self._buffer += chunk

@@ -34,8 +34,9 @@ class ChannelListener(ABC):
     inherited_fds: tuple[int, ...] = ()
 
     @abstractmethod
-    async def accept(self) -> ByteStream:
-        """Wait for the child to connect; the caller bounds this with a deadline."""
+    async def accept(self) -> ByteStream | socket.socket:
+        """Wait for the child to connect; the caller bounds this with a deadline. A plain
+        socket is the fast path (see FrameChannel); any anyio byte stream works."""
 
     def after_spawn(self) -> None:  # noqa: B027 - most transports have nothing to release
         """Release what only the child needed (e.g. our copy of its inherited descriptor)."""
@@ -52,16 +53,13 @@ class InheritedSocketChannel(ChannelListener):
         self._child.set_inheritable(True)
         self.child_spec = f"fd:{self._child.fileno()}"
         self.inherited_fds = (self._child.fileno(),)
-        self._stream: SocketStream | None = None
-
     def remap_child_fd(self, number: int) -> None:
         """Tell the child the descriptor number it will see (when a launcher renumbers it)."""
         self.child_spec = f"fd:{number}"
 
-    async def accept(self) -> ByteStream:
-        if self._stream is None:
-            self._stream = await SocketStream.from_socket(self._host)
-        return self._stream
+    async def accept(self) -> ByteStream | socket.socket:
+        # Already connected: the child holds the other end from birth.
+        return self._host
 
     def after_spawn(self) -> None:
         if self._child.fileno() >= 0:
@@ -69,10 +67,7 @@ class InheritedSocketChannel(ChannelListener):
 
     async def aclose(self) -> None:
         self.after_spawn()
-        if self._stream is not None:
-            await self._stream.aclose()
-        else:
-            self._host.close()
+        self._host.close()
 
 
 class UnixSocketChannel(ChannelListener):
@@ -158,39 +153,121 @@ class _Prebuffered(ByteStream):
         await self._stream.aclose()
 
 
-class FrameChannel:
-    """Bounded frame reading and host frame writing over a connected stream."""
+#: A child that keeps frames coming without ever making us wait must not starve the event loop
+#: (the wall-clock timer runs on it): yield after this many frames read without waiting.
+FRAMES_BETWEEN_CHECKPOINTS = 256
 
-    def __init__(self, stream: ByteStream) -> None:
-        self._stream = stream
-        self._buffered = BufferedByteReceiveStream(stream)
+
+class FrameChannel:
+    """Bounded frame reading and host frame writing over a connected channel.
+
+    Over a plain socket (the inherited-descriptor transport) it does non-blocking I/O on the
+    socket itself, which is the binding round trip's hot path; over any other anyio byte
+    stream it reads through a bounded buffer. Either way bytes are bounded as they arrive.
+    """
+
+    def __init__(self, transport: ByteStream | socket.socket) -> None:
+        self._sock: socket.socket | None = None
+        self._stream: ByteStream | None = None
+        self._buffered: BufferedByteReceiveStream | None = None
+        if isinstance(transport, socket.socket):
+            transport.setblocking(False)
+            self._sock = transport
+        else:
+            self._stream = transport
+            self._buffered = BufferedByteReceiveStream(transport)
+        self._buffer = bytearray()
+        self._scanned = 0
+        self._frames_without_wait = 0
         self.bytes_received = 0
 
     async def receive(self) -> ChildFrame | None:
         """The next child frame, or None at a clean end of stream.
 
-        Bytes are bounded as they arrive: a line that never ends is cut off at the ceiling
-        rather than buffered. Anything malformed raises ProtocolViolation.
+        A line that never ends is cut off at the ceiling rather than buffered. Anything
+        malformed raises ProtocolViolation.
         """
-        try:
-            line = await self._buffered.receive_until(b"\n", MAX_CHILD_FRAME_BYTES)
-        except anyio.DelimiterNotFound:
-            raise ProtocolViolation(
-                f"child sent a frame longer than {MAX_CHILD_FRAME_BYTES} bytes without a newline"
-            ) from None
-        except anyio.IncompleteRead:
-            if self._buffered.buffer:
-                raise ProtocolViolation(
-                    "child closed the channel in the middle of a frame"
-                ) from None
-            return None
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        line = await (self._line_from_socket() if self._sock is not None else self._line())
+        if line is None:
             return None
         self.bytes_received += len(line) + 1
         return decode_child_frame(line)
 
+    async def _line(self) -> bytes | None:
+        assert self._buffered is not None
+        try:
+            return await self._buffered.receive_until(b"\n", MAX_CHILD_FRAME_BYTES)
+        except anyio.DelimiterNotFound:
+            raise _too_long() from None
+        except anyio.IncompleteRead:
+            if self._buffered.buffer:
+                raise _cut_short() from None
+            return None
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return None
+
+    async def _line_from_socket(self) -> bytes | None:
+        sock = self._sock
+        assert sock is not None
+        buffer = self._buffer
+        while True:
+            index = buffer.find(b"\n", self._scanned)
+            if index >= 0:
+                line = bytes(buffer[:index])
+                del buffer[: index + 1]
+                self._scanned = 0
+                self._frames_without_wait += 1
+                if self._frames_without_wait >= FRAMES_BETWEEN_CHECKPOINTS:
+                    self._frames_without_wait = 0
+                    await anyio.lowlevel.checkpoint()
+                return line
+            self._scanned = len(buffer)
+            if len(buffer) >= MAX_CHILD_FRAME_BYTES:
+                raise _too_long()
+            try:
+                chunk = sock.recv(min(65536, MAX_CHILD_FRAME_BYTES + 1 - len(buffer)))
+            except BlockingIOError:
+                self._frames_without_wait = 0
+                await anyio.wait_readable(sock)
+                continue
+            except OSError:
+                return None  # reset by the child: its exit status says how it ended
+            if not chunk:
+                if buffer:
+                    raise _cut_short()
+                return None
+            buffer += chunk
+
     async def send(self, frame: HostFrame) -> None:
-        await self._stream.send(encode_host_frame(frame))
+        data = encode_host_frame(frame)
+        if self._stream is not None:
+            await self._stream.send(data)
+            return
+        sock = self._sock
+        assert sock is not None
+        view = memoryview(data)
+        while view:
+            try:
+                sent = sock.send(view)
+            except BlockingIOError:
+                await anyio.wait_writable(sock)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError("the child closed the channel") from exc
+            view = view[sent:]
 
     async def aclose(self) -> None:
-        await self._stream.aclose()
+        if self._stream is not None:
+            await self._stream.aclose()
+        elif self._sock is not None:
+            self._sock.close()
+
+
+def _too_long() -> ProtocolViolation:
+    return ProtocolViolation(
+        f"child sent a frame longer than {MAX_CHILD_FRAME_BYTES} bytes without a newline"
+    )
+
+
+def _cut_short() -> ProtocolViolation:
+    return ProtocolViolation("child closed the channel in the middle of a frame")
