@@ -61,6 +61,16 @@ class LaunchRequest:
     #: The child's whole environment (an allow-list; backends add nothing secret).
     environment: dict[str, str] = field(default_factory=dict)
 
+    def bootstrap_command(self, interpreter: str | None = None) -> list[str]:
+        """Interpreter arguments that run the bootstrap (``-c`` and what follows).
+
+        Pass the interpreter when the host can run the same binary the child will: the
+        bootstrap is then compiled once for it instead of at every start.
+        """
+        from .bootstrap_loader import bootstrap_arguments
+
+        return bootstrap_arguments(interpreter, self.bootstrap_source)
+
 
 class Launched(ABC):
     """A started child: its streams, its channel and its teardown."""

@@ -97,8 +97,7 @@ class SubprocessBackend(Backend):
                 self.interpreter,
                 "-I",
                 "-u",
-                "-c",
-                request.bootstrap_source,
+                *request.bootstrap_command(self.interpreter),
                 f"channel={channel.child_spec}",
                 "probe=" + json.dumps(request.probe.as_json_object()),
             ]

@@ -183,8 +183,8 @@ class BwrapBackend(Backend):
             self.interpreter,
             "-I",
             "-u",
-            "-c",
-            request.bootstrap_source,
+            # The same binary runs inside, bound read-only: precompiling for it is valid.
+            *request.bootstrap_command(self.interpreter),
             f"channel={channel_spec}",
             "probe=" + json.dumps(request.probe.as_json_object()),
         ]

@@ -1,0 +1,58 @@
+"""How the bootstrap reaches a child's interpreter: as ``-c`` source, or precompiled.
+
+Compiling the bootstrap's source costs a few milliseconds on every start. Where the host can
+run the very interpreter the child will run (the subprocess and bwrap backends bind the same
+binary), it compiles the bootstrap once with that interpreter and passes the marshalled code
+on the command line; a short ``-c`` stub loads it. Marshal data is only valid for the
+interpreter that wrote it, so it is never reused across interpreters, and anything unexpected
+falls back to the plain source, which works everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from functools import lru_cache
+
+#: Loads the marshalled bootstrap passed as the first argument into ``__main__`` (as ``-c``
+#: source would run), leaving argv as the bootstrap expects it: ``-c`` and its options.
+_STUB = (
+    "import sys,marshal,binascii;"
+    "exec(marshal.loads(binascii.a2b_base64(sys.argv.pop(1))))"
+)
+_COMPILER = (
+    "import sys,marshal,binascii;"
+    "sys.stdout.write(binascii.b2a_base64(marshal.dumps(compile(sys.stdin.read(),"
+    "'<bootstrap>','exec',dont_inherit=True)),newline=False).decode())"
+)
+#: Linux refuses a single argument longer than 128 KiB; stay well below it.
+MAX_PAYLOAD_CHARS = 96 * 1024
+
+
+def bootstrap_arguments(interpreter: str | None, source: str) -> list[str]:
+    """The interpreter arguments that run ``source``: precompiled for ``interpreter`` when
+    the host can run it, else the source itself."""
+    if interpreter is not None:
+        payload = _compiled(interpreter, hashlib.sha256(source.encode()).hexdigest(), source)
+        if payload is not None:
+            return ["-c", _STUB, payload]
+    return ["-c", source]
+
+
+@lru_cache(maxsize=16)
+def _compiled(interpreter: str, digest: str, source: str) -> str | None:
+    try:
+        completed = subprocess.run(
+            [interpreter, "-I", "-S", "-c", _COMPILER],
+            input=source.encode(),
+            capture_output=True,
+            env={},
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    payload = completed.stdout.decode("ascii", errors="replace")
+    if not payload or len(payload) > MAX_PAYLOAD_CHARS:
+        return None
+    return payload
