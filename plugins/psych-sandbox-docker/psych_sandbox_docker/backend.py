@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 import anyio
-from anyio.abc import ByteStream
+from anyio.abc import ByteReceiveStream, ByteStream
 from psych_sandbox_core import hookspecs
 from psych_sandbox_core.backend import (
     Backend,
@@ -41,9 +41,10 @@ from psych_sandbox_core.channel import UnixSocketChannel
 from psych_sandbox_core.errors import ConfigurationError, ErrorKind
 from psych_sandbox_core.grading import Level, Mechanisms
 from psych_sandbox_core.host import child_environment
-from psych_sandbox_core.process import ExitStatus, ManagedProcess
+from psych_sandbox_core.process import ExitStatus
 from pydantic import Field, field_validator
 
+from . import api
 from . import engine as eng
 from .image import DEFAULT_TAG
 
@@ -58,8 +59,17 @@ INTERPRETER = "/usr/bin/python3.11"
 #: How long a container may take to start and its bootstrap to connect. Cold gVisor start
 #: on a loaded host is the slowest case seen (about a second); the margin is for load.
 STARTUP_SECONDS = 30.0
-#: How long teardown waits for the engine CLI to come back after the container was killed.
-CLIENT_EXIT_SECONDS = 10.0
+#: How long teardown waits for the engine to report the exit of a container it killed.
+EXIT_REPORT_SECONDS = 10.0
+#: Deadlines of the kill and removal requests (the engine unmounts and deletes the
+#: container's layer during removal; under load that can take seconds).
+KILL_SECONDS = 10.0
+REMOVE_SECONDS = 30.0
+#: Output one stream's reader may leave unread while the other's reader reads on (the
+#: engine's frames are at most 32 KiB; the core reads both streams all the time).
+PENDING_OUTPUT_BYTES = 1024 * 1024
+#: The wait endpoint's answer is one small JSON object.
+WAIT_BODY_BYTES = 64 * 1024
 #: How much of the engine's stderr a start-up failure quotes.
 STARTUP_STDERR_BYTES = 4096
 #: runc: the pids cgroup is the process limit; the engine's init and the bootstrap itself
@@ -75,13 +85,13 @@ RUNSC_PIDS_PER_PROCESS = 8
 DEFAULT_PROCESSES = 256
 #: gVisor's Sentry lives in the container's memory cgroup; the program's budget is on top.
 RUNSC_MEMORY_OVERHEAD = 96 * MiB
-#: The docker CLI's exit status when the engine itself failed (documented `docker run`
-#: behaviour), and the status runsc exits with when its sandbox crashed (verified here).
-ENGINE_FAILED = 125
+#: The status runsc exits with when its sandbox crashed (verified here).
 RUNSC_CRASHED = 2
 
 Size = Annotated[int, Field(ge=1 * MiB)]
 _IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$")
+#: A container id as the engine's create answer gives it (64 hex digits).
+_CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}")
 
 
 class DockerOptions(BackendOptions):
@@ -137,6 +147,12 @@ class DockerBackend(Backend):
         detected = eng.detect_engine(options.engine)
         self.engine: str = detected[0] if detected else (options.engine or "docker")
         self.cli: str | None = detected[1] if detected else None
+        #: The engine's API socket: every container of an execution is driven through it
+        #: (the CLI is only used off the hot path: availability, reaping, image builds).
+        self.socket_path = api.engine_socket(self.engine)
+        self.client = (
+            api.EngineClient(self.socket_path) if self.socket_path is not None else None
+        )
         self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
         #: The host's copy of the interpreter the image is built from: the physical floor a
         #: benchmark compares against.
@@ -160,6 +176,11 @@ class DockerBackend(Backend):
             return (
                 f"no container engine CLI ({self.settings.engine or 'docker or podman'}) on PATH; "
                 "install one (e.g. apt-get install docker.io) and start the engine"
+            )
+        if self.socket_path is None:
+            return (
+                f"no Unix socket of the {self.engine} engine's API here (DOCKER_HOST must be "
+                "unix://... if set); start the engine or point DOCKER_HOST at its socket"
             )
         try:
             inspected = self._engine("image", "inspect", "--format", "{{.Id}}",
@@ -194,7 +215,7 @@ class DockerBackend(Backend):
             INTERPRETER, "-I", "-c", "print(2+2)",
         ]
 
-    # ------------------------------------------------------------------ mechanisms and argv
+    # ------------------------------------------------------------------ mechanisms and container
 
     def mechanisms(self, limits_memory: bool) -> Mechanisms:
         return Mechanisms(
@@ -209,76 +230,82 @@ class DockerBackend(Backend):
             pids_cgroup=self.settings.runtime == "runc",
         )
 
-    def command(
+    def create_request(
         self,
         request: LaunchRequest,
         *,
-        name: str,
         execution: str,
         socket_dir: Path,
         channel_spec: str,
         cgroup_parent: str | None,
-    ) -> list[str]:
-        """The engine command line for one execution."""
-        assert self.cli is not None
+    ) -> dict[str, object]:
+        """The engine API's container-create body for one execution (what ``docker run``'s
+        hardening flags amount to)."""
         s = self.settings
         limits = request.limits
         runsc = s.runtime == "runsc"
-        argv = [
-            self.cli, "run",
-            "--name", name,
-            "--pull", "never",
-            *eng.owner_labels(),
-            "--label", f"{eng.EXECUTION_LABEL}={execution}",
-            "--init",
-            "--network", "none",
-            "--cap-drop", "ALL",
-            "--security-opt", "no-new-privileges",
-            "--read-only",
-            "--user", f"{NOBODY}:{NOBODY}",
-            "--hostname", "sandbox",
-            "--workdir", WORKSPACE,
-            # Output goes through the attached client only: nothing piles up in engine logs.
-            "--log-driver", "none",
-            "--tmpfs",
-            f"{WORKSPACE}:rw,nosuid,nodev,size={s.workspace_bytes},uid={NOBODY},gid={NOBODY},"
-            "mode=0700",
-            "--tmpfs", f"{TMP}:rw,nosuid,nodev,noexec,size={s.tmp_bytes},mode=1777",
-            "--shm-size", str(s.shm_bytes),
-            "--volume", f"{socket_dir}:{CHILD_RUN_DIR}:ro",
-        ]
+        host: dict[str, object] = {
+            "NetworkMode": "none",
+            "CapDrop": ["ALL"],
+            "SecurityOpt": ["no-new-privileges"],
+            "ReadonlyRootfs": True,
+            "Init": True,
+            # Output goes through the attached stream only: nothing piles up in engine logs.
+            "LogConfig": {"Type": "none", "Config": {}},
+            "Tmpfs": {
+                WORKSPACE: f"rw,nosuid,nodev,size={s.workspace_bytes},uid={NOBODY},"
+                           f"gid={NOBODY},mode=0700",
+                TMP: f"rw,nosuid,nodev,noexec,size={s.tmp_bytes},mode=1777",
+            },
+            "ShmSize": s.shm_bytes,
+            "Binds": [f"{socket_dir}:{CHILD_RUN_DIR}:ro"],
+        }
         if runsc or self.engine == "docker":
             # Podman's default runtime is its own choice (often crun): name only gVisor there.
-            argv += ["--runtime", s.runtime]
+            host["Runtime"] = s.runtime
         if limits.memory_bytes is not None:
             memory = limits.memory_bytes + (RUNSC_MEMORY_OVERHEAD if runsc else 0)
-            argv += ["--memory", str(memory), "--memory-swap", str(memory)]
+            host["Memory"] = memory
+            host["MemorySwap"] = memory
         if s.cpus is not None:
-            argv += ["--cpus", f"{s.cpus:g}"]
+            host["NanoCpus"] = round(s.cpus * 1e9)
         processes = limits.processes or DEFAULT_PROCESSES
         if runsc:
-            pids = RUNSC_PIDS_BASE + RUNSC_PIDS_PER_PROCESS * processes
-            argv += ["--ulimit", f"nproc={processes}:{processes}", "--pids-limit", str(pids)]
+            host["PidsLimit"] = RUNSC_PIDS_BASE + RUNSC_PIDS_PER_PROCESS * processes
+            host["Ulimits"] = [{"Name": "nproc", "Soft": processes, "Hard": processes}]
         else:
-            argv += ["--pids-limit", str(processes + RUNC_PIDS_HEADROOM)]
+            host["PidsLimit"] = processes + RUNC_PIDS_HEADROOM
         if cgroup_parent is not None:
-            argv += ["--cgroup-parent", cgroup_parent]
-        for key, value in {**child_environment(TMP), **request.environment}.items():
-            argv += ["--env", f"{key}={value}"]
-        argv += [
-            s.image,
-            INTERPRETER, "-I", "-u", "-c", request.bootstrap_source,
-            f"channel={channel_spec}",
-            "probe=" + json.dumps(request.probe.as_json_object()),
-        ]
-        return argv
+            host["CgroupParent"] = cgroup_parent
+        environment = {**child_environment(TMP), **request.environment}
+        return {
+            "Image": s.image,
+            "Cmd": [
+                INTERPRETER, "-I", "-u", "-c", request.bootstrap_source,
+                f"channel={channel_spec}",
+                "probe=" + json.dumps(request.probe.as_json_object()),
+            ],
+            "Entrypoint": [],
+            "User": f"{NOBODY}:{NOBODY}",
+            "Hostname": "sandbox",
+            "WorkingDir": WORKSPACE,
+            "Env": [f"{key}={value}" for key, value in environment.items()],
+            "Labels": {**eng.owner_label_map(), eng.EXECUTION_LABEL: execution},
+            "AttachStdin": False,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "OpenStdin": False,
+            "Tty": False,
+            "HostConfig": host,
+        }
 
     # ------------------------------------------------------------------ launch
 
     @asynccontextmanager
     async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
-        if self.cli is None:
+        if self.client is None:
             raise BackendUnavailable(self.unavailable_reason() or "no container engine")
+        client = self.client
         owner = eng.current_owner()
         execution = uuid.uuid4().hex
         name = f"psych-sandbox-{execution[:20]}"
@@ -286,8 +313,7 @@ class DockerBackend(Backend):
         measured = self.is_root and self.engine == "docker" and bool(eng.cgroup_controllers())
         socket_dir = Path(tempfile.mkdtemp(prefix=f"{eng.SOCKET_DIR_PREFIX}{owner.token}-"))
         channel = _ContainerChannel(socket_dir, child_path=f"{CHILD_RUN_DIR}/control.sock")
-        process: ManagedProcess | None = None
-        launched: _Launched | None = None
+        container: _Container | None = None
         try:
             # The directory stays the host's, and the container may only traverse it: a
             # program that could write there would be writing to the host's disk. Only the
@@ -296,38 +322,34 @@ class DockerBackend(Backend):
             await channel.open(0o600 if self.is_root else 0o666)
             if self.is_root:
                 os.chown(channel.path, NOBODY, NOBODY)
-            argv = self.command(
-                request, name=name, execution=execution, socket_dir=socket_dir,
+            body = self.create_request(
+                request, execution=execution, socket_dir=socket_dir,
                 channel_spec=channel.child_spec,
                 cgroup_parent=f"/{eng.CGROUP_ROOT}/{cgroup_name}" if measured else None,
             )
-            try:
-                process = await ManagedProcess.spawn(argv, env=eng.engine_environment(), cwd="/")
-            except OSError as exc:
-                raise BackendUnavailable(f"could not run {self.cli}: {exc}") from exc
-            launched = _Launched(
-                self, process, channel, name,
+            container = _Container(
+                self, client, channel, name,
                 mechanisms=self.mechanisms(request.limits.memory_bytes is not None),
                 memory_bytes=request.limits.memory_bytes,
                 cgroup_name=cgroup_name if measured else None,
             )
-            await launched.started()
-            yield launched
+            await container.start(body)
+            await container.started()
+            yield container
         finally:
             with anyio.CancelScope(shield=True):
-                if launched is not None:
-                    await launched.finish()
-                else:
-                    await self.remove(name)
-                if process is not None:
-                    await process.aclose()
+                if container is not None:
+                    # Whatever failed above, the container (if it was created) is gone.
+                    await container.finish()
+                    await container.close_streams()
                 await channel.aclose()
                 _remove_tree(socket_dir)
                 if measured:
                     eng.remove_cgroup_parent(cgroup_name)
 
     async def engine_command(self, *args: str) -> tuple[int, str, str]:
-        """Run one engine CLI command; (status, stdout, stderr). Never raises for failure."""
+        """Run one engine CLI command; (status, stdout, stderr). Never raises for failure.
+        Only off the hot path (a fallback removal)."""
         assert self.cli is not None
         try:
             with anyio.fail_after(eng.ENGINE_COMMAND_SECONDS):
@@ -342,9 +364,6 @@ class DockerBackend(Backend):
             done.stdout.decode("utf-8", "replace"),
             done.stderr.decode("utf-8", "replace"),
         )
-
-    async def remove(self, name: str) -> None:
-        await self.engine_command("rm", "-f", "--volumes", name)
 
 
 def image_missing(image: str, engine: str) -> str:
@@ -384,11 +403,83 @@ class _ContainerChannel(UnixSocketChannel):
         await super().aclose()
 
 
-class _Launched(Launched):
+class _Demux:
+    """Splits the engine's multiplexed output into stdout and stderr, on demand: whichever
+    reader needs bytes reads the next frame and keeps what belongs to the other. No task of
+    its own, so nothing outlives the launch context; reads are safe to cancel."""
+
+    def __init__(self) -> None:
+        self.attached: api.OpenResponse | None = None
+        self._pending = {api.STDOUT: bytearray(), api.STDERR: bytearray()}
+        self._closed: set[int] = set()
+        self._lock = anyio.Lock()
+        self._changed = anyio.Event()
+        self.ended = False
+        #: Why the output ended early, if the engine broke the stream's format.
+        self.error: str | None = None
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def receive(self, kind: int, max_bytes: int) -> bytes:
+        other = api.STDERR if kind == api.STDOUT else api.STDOUT
+        while True:
+            pending = self._pending[kind]
+            if pending:
+                data = bytes(pending[:max_bytes])
+                del pending[:max_bytes]
+                self._notify()
+                return data
+            if self.ended or self.attached is None:
+                raise anyio.EndOfStream
+            if self._lock.locked() or len(self._pending[other]) >= PENDING_OUTPUT_BYTES:
+                # Another reader is reading a frame, or the other stream's reader has not
+                # caught up: wait for either to change rather than buffer without bound.
+                await self._changed.wait()
+                continue
+            async with self._lock:
+                try:
+                    frame = await self.attached.read_frame()
+                except api.EngineError as exc:
+                    self.error = str(exc)
+                    frame = None
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    frame = None
+                if frame is None:
+                    self.ended = True
+                elif frame[0] not in self._closed:
+                    self._pending[frame[0]] += frame[1]
+            self._notify()
+
+    def close(self, kind: int) -> None:
+        self._closed.add(kind)
+        self._pending[kind].clear()
+        self._notify()
+
+
+class _OutputStream(ByteReceiveStream):
+    """One of the container's two output streams."""
+
+    def __init__(self, demux: _Demux, kind: int) -> None:
+        self._demux = demux
+        self._kind = kind
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        return await self._demux.receive(self._kind, max_bytes)
+
+    async def aclose(self) -> None:
+        self._demux.close(self._kind)
+
+
+class _Container(Launched):
+    """One container, driven through the engine's API: created, attached, started, watched
+    for its exit, then removed."""
+
     def __init__(
         self,
         backend: DockerBackend,
-        process: ManagedProcess,
+        client: api.EngineClient,
         channel: _ContainerChannel,
         name: str,
         *,
@@ -397,22 +488,94 @@ class _Launched(Launched):
         cgroup_name: str | None,
     ) -> None:
         self.backend = backend
-        self.process = process
+        self.client = client
         self.channel = channel
         self._channel = channel
         self.name = name
         self.mechanisms = mechanisms
-        self.stdout = process.stdout
-        self.stderr = process.stderr
         self._memory_bytes = memory_bytes
         self._cgroup_name = cgroup_name
+        self._id: str | None = None
         self._status: ExitStatus | None = None
         self._killed = False
+        self._removed = False
+        self._exited = anyio.Event()
+        self._wait_lock = anyio.Lock()
+        #: The exit code the engine reported, when it reported one.
+        self._exit_code: int | None = None
+        self._wait_error: str | None = None
+        self._waiter: api.OpenResponse | None = None
+        self._demux = _Demux()
+        self.stdout = _OutputStream(self._demux, api.STDOUT)
+        self.stderr = _OutputStream(self._demux, api.STDERR)
+
+    @property
+    def _ref(self) -> str:
+        return api.path_segment(self._id or self.name)
+
+    async def start(self, body: dict[str, object]) -> None:
+        """Create the container, attach to its output and register for its exit before it
+        starts (so neither a byte nor the exit can be missed), then start it."""
+        engine = self.backend.engine
+        try:
+            created = await self.client.request(
+                "POST", "/containers/create", query={"name": self.name}, body=body
+            )
+        except api.EngineStatusError as exc:
+            if exc.status == 404 or "no such image" in exc.message.lower():
+                raise BackendUnavailable(
+                    image_missing(self.backend.settings.image, engine)
+                ) from exc
+            raise BackendUnavailable(
+                f"the {engine} engine could not create the container: {exc.message}"
+            ) from exc
+        except api.EngineError as exc:
+            raise BackendUnavailable(f"the {engine} engine did not answer: {exc}") from exc
+        parsed = created.json()
+        ident = parsed.get("Id") if isinstance(parsed, dict) else None
+        if not isinstance(ident, str) or not _CONTAINER_ID.fullmatch(ident):
+            raise BackendUnavailable(f"the {engine} engine's create answer names no container "
+                                     f"id: {created.body[:200]!r}")
+        self._id = ident
+        try:
+            self._demux.attached = await self.client.open(
+                "POST", f"/containers/{self._ref}/attach",
+                query={"stream": "1", "stdout": "1", "stderr": "1"}, upgrade=True,
+            )
+            self._waiter = await self.client.open(
+                "POST", f"/containers/{self._ref}/wait", query={"condition": "next-exit"}
+            )
+            await self.client.request("POST", f"/containers/{self._ref}/start")
+        except api.EngineError as exc:
+            raise BackendUnavailable(
+                f"the {engine} engine could not start the container: {exc}"
+            ) from exc
+
+    async def wait_exited(self) -> None:
+        """Return once the engine reported the container's exit. Any number of tasks may
+        wait; the first reads the engine's answer, and a cancelled reader loses nothing."""
+        async with self._wait_lock:
+            if self._exited.is_set():
+                return
+            if self._waiter is None:
+                # Never started: nothing will exit.
+                self._exited.set()
+                return
+            try:
+                body = await self._waiter.read_body(limit=WAIT_BODY_BYTES)
+                parsed = json.loads(body)
+                code = parsed.get("StatusCode") if isinstance(parsed, dict) else None
+                if isinstance(code, int) and not isinstance(code, bool) and -1 <= code < 2**31:
+                    self._exit_code = code
+                else:
+                    self._wait_error = f"the engine's wait answer has no exit code: {body[:200]!r}"
+            except (api.EngineError, ValueError) as exc:
+                self._wait_error = str(exc)
+            self._exited.set()
 
     async def started(self) -> None:
         """Return once the bootstrap has connected; raise BackendUnavailable, quoting the
         engine, if the container ended first."""
-        exited = False
         with anyio.move_on_after(STARTUP_SECONDS):
             async with anyio.create_task_group() as tg:
 
@@ -421,78 +584,97 @@ class _Launched(Launched):
                     tg.cancel_scope.cancel()
 
                 async def died() -> None:
-                    nonlocal exited
-                    await self.process.wait_exited()
-                    exited = True
+                    await self.wait_exited()
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(connected)
                 tg.start_soon(died)
-        if not exited or self._channel.early is not None:
+        if not self._exited.is_set() or self._channel.early is not None:
             return
         status = await self.finish()
-        message = await _read_some(self.process.stderr, STARTUP_STDERR_BYTES)
-        lowered = message.lower()
-        if "no such image" in lowered or "unable to find image" in lowered:
-            raise BackendUnavailable(
-                image_missing(self.backend.settings.image, self.backend.engine)
-            )
+        message = await _read_some(self.stderr, STARTUP_STDERR_BYTES)
         raise BackendUnavailable(
-            f"the {self.backend.engine} engine could not start the container "
-            f"({status.describe()}): {message or 'it printed nothing'}"
+            f"the {self.backend.engine} engine's container ended before the sandboxed "
+            f"interpreter connected ({status.describe()}): {message or 'it printed nothing'}"
         )
-
-    async def wait_exited(self) -> None:
-        await self.process.wait_exited()
 
     async def terminate(self, grace_seconds: float) -> None:
         # Nothing in an untrusted container is worth a grace window: kill it whole.
         await self._kill()
 
     async def _kill(self) -> None:
-        if self._killed:
+        if self._killed or self._id is None:
             return
         self._killed = True
-        await self.backend.engine_command("kill", "--signal", "KILL", self.name)
+        # 404 (gone) and 409 (not running) both mean there is nothing left to kill.
+        with suppress(api.EngineError):
+            await self.client.request(
+                "POST", f"/containers/{self._ref}/kill", query={"signal": "KILL"},
+                timeout=KILL_SECONDS,
+            )
 
     async def finish(self) -> ExitStatus:
         if self._status is not None:
             return self._status
         with anyio.CancelScope(shield=True):
+            state: dict[str, object] = {}
             try:
-                exited_alone = False
-                with anyio.move_on_after(0):
-                    await self.process.wait_exited()
-                    exited_alone = True
-                if not exited_alone:
+                if self._id is not None and not self._exited.is_set():
                     await self._kill()
-                with anyio.move_on_after(CLIENT_EXIT_SECONDS):
-                    await self.process.wait_exited()
-                client = await self.process.kill_and_reap()
-                state: dict[str, object] = {}
+                    with anyio.move_on_after(EXIT_REPORT_SECONDS):
+                        await self.wait_exited()
                 # A clean exit needs no inspection (the bootstrap exits 0 only after its
                 # result or an abort); anything else may be an OOM kill only the engine saw.
-                rc, out = 0, ""
-                if client.code != 0 or self._killed:
-                    rc, out, _ = await self.backend.engine_command(
-                        "inspect", "--format", "{{json .State}}", self.name
-                    )
-                if rc == 0 and out:
-                    with suppress(ValueError):
-                        parsed = json.loads(out)
-                        if isinstance(parsed, dict):
-                            state = parsed
+                if self._id is not None and (self._exit_code != 0 or self._killed):
+                    with suppress(api.EngineError):
+                        inspected = (await self.client.request(
+                            "GET", f"/containers/{self._ref}/json"
+                        )).json()
+                        found = inspected.get("State") if isinstance(inspected, dict) else None
+                        if isinstance(found, dict):
+                            state = found
             finally:
-                await self.backend.remove(self.name)
-            status = self._interpret(client, state)
+                await self.remove()
+            status = self._interpret(state)
         self._status = status
         return status
 
-    def _interpret(self, client: ExitStatus, state: dict[str, object]) -> ExitStatus:
+    async def remove(self) -> None:
+        """Force-remove the container with its anonymous volumes; the engine kills whatever
+        still runs. Idempotent."""
+        if self._removed or self._id is None:
+            return
+        self._removed = True
+        try:
+            await self.client.request(
+                "DELETE", f"/containers/{self._ref}", query={"force": "1", "v": "1"},
+                timeout=REMOVE_SECONDS,
+            )
+        except api.EngineStatusError as exc:
+            if exc.status != 404:
+                await self._remove_by_cli()
+        except api.EngineError:
+            await self._remove_by_cli()
+
+    async def _remove_by_cli(self) -> None:
+        # The API refused or broke: the engine's own client is the last resort, and the
+        # labels let the reaper finish the job if even that fails.
+        if self.backend.cli is not None and self._id is not None:
+            await self.backend.engine_command("rm", "-f", "--volumes", self._id)
+
+    async def close_streams(self) -> None:
+        for opened in (self._demux.attached, self._waiter):
+            if opened is not None:
+                await opened.aclose()
+
+    def _interpret(self, state: dict[str, object]) -> ExitStatus:
         code = state.get("ExitCode")
-        if not isinstance(code, int):
-            # No container state (it never existed): the client's own status.
-            code = client.code if client.code is not None else 128 + (client.signal or 0)
+        if not isinstance(code, int) or isinstance(code, bool):
+            code = self._exit_code
+        if code is None:
+            # The engine never reported an exit (the container was never created, or the
+            # engine failed): killed if we killed it, else unknown.
+            code = 128 + signal.SIGKILL if self._killed else -1
         cpu, peak = self._usage()
         hint: tuple[ErrorKind, str] | None = None
         sig: int | None = None

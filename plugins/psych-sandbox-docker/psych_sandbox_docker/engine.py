@@ -130,6 +130,12 @@ def owner_labels() -> list[str]:
     ]
 
 
+def owner_label_map() -> dict[str, str]:
+    """The same labels as a mapping, as the engine's API takes them."""
+    owner = current_owner()
+    return {MANAGED_LABEL: "1", MACHINE_LABEL: owner.machine, OWNER_LABEL: owner.label}
+
+
 def cgroup_controllers() -> list[Path]:
     """The cgroup v1 hierarchies a container's cgroup is created in (empty on cgroup v2)."""
     if not CGROUP_MOUNT.is_dir() or (CGROUP_MOUNT / "cgroup.controllers").exists():
