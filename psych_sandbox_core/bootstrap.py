@@ -756,22 +756,46 @@ def run_program(channel, frame):
     return {"outcome": "returned", "value_json": encoded}
 
 
-def _pid_namespace_init():
+def _contain(spec):
+    """Containment the bootstrap applies to itself first, before any program exists: unshare
+    namespaces, drop to an unprivileged identity, then die with the host.
+
+    This is what a pre-exec step would do, done here so the host can spawn with vfork
+    instead of copying its own address space for every execution. Any failure exits: the
+    host sees a child that never reported, and nothing runs under weaker terms.
+    """
+    flags, uid, gid, host_pid = spec.split(":")
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if int(flags) and libc.unshare(int(flags)) != 0:
+        raise SystemExit(f"psych-sandbox bootstrap: unshare failed (errno {ctypes.get_errno()})")
+    if uid:
+        os.setgroups([])
+        os.setresgid(int(gid), int(gid), int(gid))
+        os.setresuid(int(uid), int(uid), int(uid))
+        # Changing identity without exec leaves the process undumpable, which hands its own
+        # /proc entries to root; the program must see them as if it had been exec'd as uid.
+        libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+    # Only now: changing credentials clears the parent-death signal.
+    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    if host_pid and os.getppid() != int(host_pid):
+        os._exit(1)  # the host died before we could tie ourselves to it
+    return libc
+
+
+def _pid_namespace_init(libc):
     """Split into an outer waiter, an init for the new pid namespace, and the program's process.
 
-    The host unshared a pid namespace before exec, so our children live in it. The first child
-    is its init: when it exits the kernel kills everything left in the namespace, including
+    The bootstrap unshared a pid namespace, so its children live in it. The first child is its
+    init: when it exits the kernel kills everything left in the namespace, including
     descendants that called setsid. Init ignores default-disposition signals, so the program
     runs one level further down, where a CPU-limit signal still kills it.
     """
-    try:
-        import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        die_with_parent = lambda: libc.prctl(pr_set_pdeathsig, 9, 0, 0, 0)  # noqa: E731
-    except (ImportError, OSError):
-        die_with_parent = lambda: None  # noqa: E731
+    def die_with_parent():
+        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+
     init = os.fork()
     if init:
         _exit_like(init)
@@ -819,8 +843,13 @@ def main(argv):
         key, _, value = item.partition("=")
         options[key.lstrip("-")] = value
     probe_config = json_loads(options.get("probe") or "{}")
+    libc = _contain(options["contain"]) if options.get("contain") else None
     if options.get("pid-namespace") == "1":
-        _pid_namespace_init()
+        if libc is None:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+        _pid_namespace_init(libc)
     channel = Channel(options["channel"])
     channel.send(
         {"type": "hello", "protocol": PROTOCOL_VERSION, "report": probe(probe_config)}

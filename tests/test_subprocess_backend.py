@@ -490,3 +490,46 @@ async def test_no_fd_or_temp_dir_leak_on_any_path(private_tmp: Path) -> None:
     await bad_box.aclose()
     assert open_fds() == fds
     assert sorted(p.name for p in private_tmp.iterdir()) == before_tmp
+
+
+DYING_HOST = """
+import sys, anyio
+from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+
+async def main():
+    config = DeploymentConfig(profiles={"p": ProfileConfig(
+        backend="subprocess", limits=ExecutionLimits(wall_seconds=300.0))})
+    async with Sandbox(config) as sandbox:
+        await sandbox.run(sys.argv[1], profile="p")
+
+anyio.run(main)
+"""
+
+
+async def test_everything_dies_with_a_host_killed_outright() -> None:
+    # No channel traffic and no wall clock can save this one: only the sandbox being tied to
+    # the host's life (parent-death signal, pid namespace) ends the program.
+    mark = marker()
+    # The mark is assembled inside the sandbox, so the host's own command line (which carries
+    # the program text) never matches it: only the sandboxed sleeper does.
+    program = src(
+        f"""
+        import subprocess, sys
+        mark = {mark[:12]!r} + {mark[12:]!r}
+        argv = [sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", mark]
+        subprocess.Popen(argv, start_new_session=True).wait()
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    host = subprocess.Popen(
+        [sys.executable, "-c", DYING_HOST, program], env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        await wait_for_pids(mark, present=True)
+    finally:
+        host.kill()
+        host.wait()
+    try:
+        assert await wait_for_pids(mark, present=False) == []
+    finally:
+        kill_all(mark)

@@ -16,7 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -38,7 +38,6 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
 
 #: The unprivileged identity a root host drops the child to (nobody/nogroup on Debian).
 NOBODY = 65534
@@ -65,13 +64,20 @@ class SubprocessBackend(Backend):
         assert isinstance(options, SubprocessOptions)
         self.settings = options
         self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
-        self.identity = (options.drop_to_uid, options.drop_to_gid) if self.is_root else None
+        # The bootstrap drops the identity itself (Linux); elsewhere none is claimed.
+        linux = sys.platform.startswith("linux")
+        self.identity = (
+            (options.drop_to_uid, options.drop_to_gid) if self.is_root and linux else None
+        )
         # Resolved once, at load: a name that cannot be resolved fails configuration now.
         self.interpreter = resolve_interpreter(options.interpreter, self.identity)
         self.namespaces = (
             namespace_flags(self.interpreter, self.is_root)
             if options.use_namespaces and sys.platform.startswith("linux")
             else 0
+        )
+        self.contain = sys.platform.startswith("linux") and (
+            bool(self.namespaces) or self.identity is not None
         )
 
     def unavailable_reason(self) -> str | None:
@@ -101,6 +107,9 @@ class SubprocessBackend(Backend):
                 f"channel={channel.child_spec}",
                 "probe=" + json.dumps(request.probe.as_json_object()),
             ]
+            if self.contain:
+                uid, gid = self.identity if self.identity is not None else ("", "")
+                argv.append(f"contain={self.namespaces}:{uid}:{gid}:{os.getpid()}")
             if self.namespaces & CLONE_NEWPID:
                 argv.append("pid-namespace=1")
             try:
@@ -109,7 +118,8 @@ class SubprocessBackend(Backend):
                     env={**child_environment(workspace), **request.environment},
                     cwd=workspace,
                     pass_fds=channel.inherited_fds,
-                    preexec_fn=_containment(self.namespaces, self.identity),
+                    # No pre-exec step: the bootstrap contains itself first (see its
+                    # _contain), so the host spawns with vfork.
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 raise BackendUnavailable(
@@ -209,28 +219,6 @@ def _load_libc() -> ctypes.CDLL | None:
         except OSError:
             return None
     return _libc
-
-
-def _containment(
-    namespaces: int, identity: tuple[int, int] | None
-) -> Callable[[], None] | None:
-    """The work done in the forked child before exec: die with the host, unshare, drop uid."""
-    libc = _load_libc()
-    if libc is None and identity is None:
-        return None
-
-    def contain() -> None:
-        if libc is not None:
-            libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
-            if namespaces and libc.unshare(namespaces) != 0:
-                raise OSError(ctypes.get_errno(), "unshare failed")
-        if identity is not None:
-            uid, gid = identity
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-
-    return contain
 
 
 @lru_cache(maxsize=4)
