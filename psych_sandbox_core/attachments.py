@@ -490,6 +490,8 @@ def summary_lines(
     """Lines listing attachments and artifacts, for a person reading the CLI's output."""
     lines: list[str] = []
     for attachment in attachments:
+        if attachment.size_bytes == 0:
+            continue  # an empty stream has nothing to read back
         where = {"inline": "inline", "blob": "stored", "preview_only": "preview only"}
         lines.append(
             f"attachment {attachment.name}: {attachment.size_bytes} bytes, "
