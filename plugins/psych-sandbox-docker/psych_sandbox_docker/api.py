@@ -133,13 +133,17 @@ class _Reader:
 
     async def _line(self, limit: int, what: str) -> bytes:
         try:
-            return await self.stream.receive_until(b"\r\n", limit)
+            line = await self.stream.receive_until(b"\r\n", limit)
         except anyio.DelimiterNotFound:
             raise EngineProtocolError(f"the engine sent a {what} longer than {limit} bytes")\
                 from None
         except (anyio.IncompleteRead, anyio.EndOfStream):
             raise EngineProtocolError(f"the engine closed the connection inside a {what}")\
                 from None
+        # The delimiter may arrive in the same read as an overlong line.
+        if len(line) > limit:
+            raise EngineProtocolError(f"the engine sent a {what} longer than {limit} bytes")
+        return line
 
     async def _exactly(self, size: int, what: str) -> bytes:
         try:
