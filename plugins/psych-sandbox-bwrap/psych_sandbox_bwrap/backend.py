@@ -8,9 +8,11 @@ privileges. When the host runs as root, bwrap itself is started as an unprivileg
 a user namespace made by root maps the sandbox onto host root, which owns (and may write)
 the kernel's settings under /proc/sys even without capabilities.
 
-Usage is not measured: bwrap's monitor learns the exit status of its pid-namespace init
-through an eventfd and exits without reaping it, so the kernel's accounting of the tree never
-reaches the host's wait4 (see README.md).
+bwrap's monitor learns the exit status of its pid-namespace init through an eventfd and
+exits without reaping it, so the kernel's accounting of the tree never reaches the host's
+wait4. Where the host can create cgroups (root, cgroup v1 or v2 with the needed controllers),
+each execution runs in a cgroup of its own (see cgroups.py): usage is read from it and memory
+and process count are capped by it. Elsewhere usage is not measured (see README.md).
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ from psych_sandbox_core.backend import (
     LaunchRequest,
 )
 from psych_sandbox_core.channel import InheritedSocketChannel
-from psych_sandbox_core.errors import ConfigurationError, InterpreterNotFoundError
+from psych_sandbox_core.errors import ConfigurationError, ErrorKind, InterpreterNotFoundError
 from psych_sandbox_core.grading import Level, Mechanisms
 from psych_sandbox_core.host import child_environment
 from psych_sandbox_core.process import ExitStatus, ManagedProcess
 from pydantic import Field
+
+from . import cgroups
 
 MiB = 1024 * 1024
 #: The unprivileged identity (nobody/nogroup on Debian), inside the sandbox and, when the
@@ -66,6 +70,16 @@ FORBIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/var/run", "/var", "
 #: Merged-/usr symlinks (or, on older layouts, directories) the dynamic loader needs.
 SYSTEM_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 PR_SET_PDEATHSIG = 1
+#: The execution's memory cgroup holds more than the program's address-space budget: the
+#: workspace, /tmp and /dev/shm tmpfs pages the tree writes are charged to it (so their caps
+#: are added), and so are bwrap's monitor and init (about 1-2 MiB each) and the tree's kernel
+#: memory (page tables, socket buffers). This headroom covers the last two.
+MEMORY_CGROUP_HEADROOM = 32 * MiB
+#: The pids cgroup counts every task in the tree: bwrap's monitor and the namespace's init
+#: run beside the program, which itself counts against the process limit.
+PIDS_CGROUP_HEADROOM = 4
+#: Without a process limit in the profile, the cgroup still bounds a fork bomb.
+DEFAULT_PIDS = 256
 
 Uid = Annotated[int, Field(ge=1, le=2**32 - 2)]
 Size = Annotated[int, Field(ge=64 * 1024)]
@@ -123,14 +137,45 @@ class BwrapBackend(Backend):
             )
         return None
 
-    def mechanisms(self) -> Mechanisms:
+    def mechanisms(self, cgroup: cgroups.ExecutionCgroup | None = None) -> Mechanisms:
         return Mechanisms(
             filesystem_boundary=True,
             network_namespace=True,
             process_tree_boundary=True,
             process_group=False,
             unprivileged_identity=True,
+            # Only caps that were actually written to the execution's cgroup.
+            memory_cgroup=cgroup is not None and cgroup.memory_limited,
+            pids_cgroup=cgroup is not None and cgroup.pids_limited,
         )
+
+    def memory_cgroup_bytes(self, request: LaunchRequest) -> int | None:
+        """The tree's memory cap: the program's budget plus what else is charged to it."""
+        memory = request.limits.memory_bytes
+        if memory is None:
+            return None
+        s = self.settings
+        return memory + s.workspace_bytes + s.tmp_bytes + s.shm_bytes + MEMORY_CGROUP_HEADROOM
+
+    async def execution_cgroup(self, request: LaunchRequest) -> cgroups.ExecutionCgroup | None:
+        """A fresh cgroup, capped and ready to be joined, or None where there can be none."""
+        host = cgroups.detect()
+        if isinstance(host, str):
+            return None
+        try:
+            cgroup = host.create()
+        except OSError:
+            return None
+        processes = request.limits.processes
+        pids = (processes if processes is not None else DEFAULT_PIDS) + PIDS_CGROUP_HEADROOM
+        try:
+            cgroup.limit(self.memory_cgroup_bytes(request), pids)
+            cgroup.open_for_joining()
+        except OSError:
+            # A cgroup we cannot fully set up measures nothing trustworthy: run without.
+            await cgroup.remove()
+            return None
+        return cgroup
 
     def command(self, request: LaunchRequest, channel_spec: str, info_fd: int) -> list[str]:
         """The bwrap command line for one execution."""
@@ -198,7 +243,9 @@ class BwrapBackend(Backend):
         info_read, info_write = os.pipe()
         process: ManagedProcess | None = None
         launched: _Launched | None = None
+        cgroup: cgroups.ExecutionCgroup | None = None
         try:
+            cgroup = await self.execution_cgroup(request)
             os.set_blocking(info_read, False)
             argv = self.command(request, channel.child_spec, info_write)
             try:
@@ -207,23 +254,32 @@ class BwrapBackend(Backend):
                     env={},
                     cwd="/",
                     pass_fds=(*channel.inherited_fds, info_write),
-                    preexec_fn=_prepare(self.runner),
+                    preexec_fn=_prepare(self.runner, cgroup),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 raise BackendUnavailable(f"could not start bubblewrap: {exc}") from exc
             finally:
                 os.close(info_write)
+                if cgroup is not None:
+                    cgroup.close_join_fds()
             channel.after_spawn()
-            launched = _Launched(process, channel, self.mechanisms())
+            launched = _Launched(
+                process, channel, self.mechanisms(cgroup), cgroup,
+                self.memory_cgroup_bytes(request),
+            )
             await launched.started(info_read)
             yield launched
         finally:
-            if launched is not None:
-                await launched.finish()
-            if process is not None:
-                await process.aclose()
-            await channel.aclose()
-            os.close(info_read)
+            with anyio.CancelScope(shield=True):
+                if launched is not None:
+                    await launched.finish()
+                if process is not None:
+                    await process.aclose()
+                await channel.aclose()
+                os.close(info_read)
+                if cgroup is not None:
+                    # After the tree is gone: stragglers are killed first, then it goes.
+                    await cgroup.remove()
 
 
 class _Channel(InheritedSocketChannel):
@@ -236,9 +292,16 @@ class _Channel(InheritedSocketChannel):
 
 class _Launched(Launched):
     def __init__(
-        self, process: ManagedProcess, channel: _Channel, mechanisms: Mechanisms
+        self,
+        process: ManagedProcess,
+        channel: _Channel,
+        mechanisms: Mechanisms,
+        cgroup: cgroups.ExecutionCgroup | None = None,
+        memory_cap: int | None = None,
     ) -> None:
         self.process = process
+        self.cgroup = cgroup
+        self.memory_cap = memory_cap
         self.channel = channel
         self._channel = channel
         self.mechanisms = mechanisms
@@ -324,8 +387,31 @@ class _Launched(Launched):
                 await anyio.wait_readable(self._init_fd)
             os.close(self._init_fd)
             self._init_fd = None
-        self._status = _as_inner_status(raw)
+        status = _as_inner_status(raw)
+        if self.cgroup is not None:
+            status = await self._measured(status)
+        self._status = status
         return self._status
+
+    async def _measured(self, status: ExitStatus) -> ExitStatus:
+        """``status`` with the cgroup's usage and, after an OOM kill, a memory_limit hint."""
+        assert self.cgroup is not None
+        with anyio.CancelScope(shield=True):
+            # Usage is final only once nothing is left to run in the cgroup.
+            empty = await self.cgroup.drain()
+        cpu, peak = self.cgroup.usage() if empty else (None, None)
+        hint: tuple[ErrorKind, str] | None = None
+        if self.cgroup.memory_limited and self.cgroup.oom_killed():
+            cap = f" of {self.memory_cap // MiB} MiB" if self.memory_cap is not None else ""
+            hint = (
+                ErrorKind.MEMORY_LIMIT,
+                f"the program's process tree reached the sandbox's memory cap{cap} "
+                "(its memory cgroup) and the kernel's out-of-memory killer ended it",
+            )
+        return ExitStatus(
+            code=status.code, signal=status.signal, cpu_seconds=cpu,
+            peak_memory_bytes=peak, failure_hint=hint,
+        )
 
     def _kill_namespace(self) -> None:
         if self._init_fd is not None:
@@ -357,15 +443,21 @@ def _as_inner_status(status: ExitStatus) -> ExitStatus:
     code, sig = status.code, status.signal
     if code is not None and 128 < code < 128 + 65:
         sig, code = code - 128, None
-    # Not measured: bwrap's monitor never reaps the tree, so wait4 saw only bwrap itself.
+    # Not measured here: bwrap's monitor never reaps the tree, so wait4 saw only bwrap
+    # itself. The execution's cgroup, where there is one, measures it instead.
     return ExitStatus(code=code, signal=sig, cpu_seconds=None, peak_memory_bytes=None)
 
 
-def _prepare(runner: tuple[int, int] | None) -> Callable[[], None]:
-    """Work done in the forked child before exec: drop root, then die with the host."""
+def _prepare(
+    runner: tuple[int, int] | None, cgroup: cgroups.ExecutionCgroup | None
+) -> Callable[[], None]:
+    """Work done in the forked child before exec: join the execution's cgroup (before bwrap
+    can fork, and while still root), drop root, then die with the host."""
     libc = _libc()
 
     def prepare() -> None:
+        if cgroup is not None:
+            cgroup.join_current_process()
         if runner is not None:
             uid, gid = runner
             os.setgroups([])

@@ -28,6 +28,8 @@ async def main() -> None:
         "error": None if result.error is None else [result.error.kind.value, result.error.message],
         "stdout": result.stdout,
         "return_value": result.return_value,
+        "measured_by": result.usage.measured_by,
+        "cpu_seconds": result.usage.cpu_seconds,
     }))
 
 

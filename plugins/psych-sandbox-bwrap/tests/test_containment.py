@@ -16,6 +16,8 @@ import anyio
 import pytest
 from bwrap_support import marker, pids_with, requires_bwrap, run, wait_for_pids
 
+from psych_sandbox_bwrap import cgroups
+
 pytestmark = [requires_bwrap, pytest.mark.anyio]
 
 ISOLATING = ("filesystem", "network", "process_tree", "identity")
@@ -46,8 +48,11 @@ async def test_level_isolated_with_isolating_grades_enforced() -> None:
         assert result.grades[guarantee] == "enforced", guarantee
     assert result.backend.id == "bwrap"
     assert result.backend.distribution == "psych-sandbox-bwrap"
-    # Honest about usage: bwrap never hands the tree's accounting to the host.
-    assert result.usage.measured_by == "none"
+    # Honest about usage: bwrap never hands the tree's accounting to the host, so it is
+    # measured only where the execution gets a cgroup of its own.
+    has_cgroups = isinstance(cgroups.detect(), cgroups.CgroupHost)
+    assert result.usage.measured_by == ("host" if has_cgroups else "none")
+    assert (result.usage.cpu_seconds is not None) == has_cgroups
 
 
 async def test_canary_unreadable_by_absolute_path(host_secret: tuple[Path, str]) -> None:

@@ -165,6 +165,12 @@ def test_works_as_an_unprivileged_host_user() -> None:
     for guarantee in ("filesystem", "network", "process_tree", "identity"):
         assert report["grades"][guarantee] == "enforced"
     assert report["return_value"] == [65534, "denied"]
+    # An unprivileged host creates no cgroup: usage is honestly not measured, and memory and
+    # process count rest on rlimits alone.
+    assert report["measured_by"] == "none"
+    assert report["cpu_seconds"] is None
+    assert report["grades"]["memory"] == "unverified"
+    assert report["grades"]["process_count"] == "unverified"
     # The daemon the program left died with the sandbox.
     assert pids_with(mark) == []
 

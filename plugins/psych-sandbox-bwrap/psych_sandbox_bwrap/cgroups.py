@@ -1,0 +1,362 @@
+"""A cgroup per execution: usage measured, and memory and process count capped, from outside.
+
+bubblewrap's monitor never reaps its pid namespace's init, so the host's wait4 does not see
+the sandboxed tree's usage. A cgroup does: bwrap is moved into a fresh cgroup before it can
+fork (in the spawn's pre-exec step, still as root), so everything it starts is counted there,
+and nothing inside can leave (cgroupfs is not mounted in the sandbox, and the tree has no
+capabilities). After the tree is gone the host reads CPU time and peak memory, and whether
+the kernel's out-of-memory killer fired, then removes the cgroup.
+
+Each execution's cgroup is created under the host process's own cgroup in each hierarchy, so
+limits the host itself is under still apply to the sandbox.
+
+Supported: cgroup v1 with the cpuacct, memory and pids controllers mounted, or cgroup v2
+whose controllers memory and pids are (or can be) enabled for children of the host's cgroup.
+Only a root host creates cgroups; elsewhere :func:`detect` says why not and usage stays
+unmeasured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import anyio
+
+#: Per-execution cgroups are named with this prefix and the host's pid, so a later host can
+#: tell a leftover (its host died before teardown) from a live one.
+PREFIX = "psych-sandbox-bwrap-"
+#: v1 controllers each execution needs: CPU time, memory (peak and cap), process count.
+V1_CONTROLLERS = ("cpuacct", "memory", "pids")
+V2_CONTROLLERS = ("memory", "pids")
+#: After the namespace is empty, how long to keep killing anything still in the cgroup.
+DRAIN_SECONDS = 5.0
+#: How often to look again while draining: cgroup v1 has no event for "now empty".
+DRAIN_POLL_SECONDS = 0.005
+
+
+@dataclass(frozen=True)
+class CgroupHost:
+    """Where this host creates per-execution cgroups."""
+
+    version: int
+    #: v1: one parent directory per controller; v2: the one unified parent.
+    parents: dict[str, Path]
+    #: v1: whether memory+swap can be capped too (swap accounting enabled).
+    memsw: bool = False
+
+    def create(self, name: str | None = None) -> ExecutionCgroup:
+        """A fresh, empty cgroup for one execution (OSError if the kernel refuses)."""
+        name = name or f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        made: list[Path] = []
+        try:
+            for parent in dict.fromkeys(self.parents.values()):
+                path = parent / name
+                path.mkdir(mode=0o755)
+                made.append(path)
+        except OSError:
+            for path in made:
+                _rmdir(path)
+            raise
+        dirs = {controller: parent / name for controller, parent in self.parents.items()}
+        return ExecutionCgroup(self, dirs)
+
+
+@dataclass
+class ExecutionCgroup:
+    host: CgroupHost
+    #: Controller (v1) or "unified" (v2) to this execution's directory.
+    dirs: dict[str, Path]
+    memory_limited: bool = False
+    pids_limited: bool = False
+    _join_fds: list[int] = field(default_factory=list)
+
+    @property
+    def directories(self) -> list[Path]:
+        return list(dict.fromkeys(self.dirs.values()))
+
+    def limit(self, memory_bytes: int | None, pids: int | None) -> None:
+        """Write the caps; each flag records only a cap that was actually written."""
+        if memory_bytes is not None:
+            if self.host.version == 1:
+                memory = self.dirs["memory"]
+                _write(memory / "memory.limit_in_bytes", str(memory_bytes))
+                if self.host.memsw:
+                    # Equal to the memory cap: no swap to spill into.
+                    _write(memory / "memory.memsw.limit_in_bytes", str(memory_bytes))
+            else:
+                unified = self.dirs["unified"]
+                _write(unified / "memory.max", str(memory_bytes))
+                if (unified / "memory.swap.max").exists():
+                    _write(unified / "memory.swap.max", "0")
+            self.memory_limited = True
+        if pids is not None:
+            directory = self.dirs["pids"] if self.host.version == 1 else self.dirs["unified"]
+            _write(directory / "pids.max", str(pids))
+            self.pids_limited = True
+
+    def open_for_joining(self) -> None:
+        """Open each cgroup.procs now, so the forked child only has to write to them."""
+        for directory in self.directories:
+            self._join_fds.append(
+                os.open(directory / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+            )
+
+    def join_current_process(self) -> None:
+        """Move the calling process in (async-signal-safe enough for a pre-exec step: only
+        writes to descriptors opened before the fork)."""
+        pid = str(os.getpid()).encode()
+        for fd in self._join_fds:
+            os.write(fd, pid)
+
+    def close_join_fds(self) -> None:
+        for fd in self._join_fds:
+            os.close(fd)
+        self._join_fds.clear()
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for directory in self.directories:
+            try:
+                text = (directory / "cgroup.procs").read_text()
+            except OSError:
+                continue
+            found.update(int(line) for line in text.split() if line.isdigit())
+        return found
+
+    async def drain(self, deadline_seconds: float = DRAIN_SECONDS) -> bool:
+        """SIGKILL everything still in the cgroup until it is empty; True once it is."""
+        deadline = time.monotonic() + deadline_seconds
+        while True:
+            remaining = self.pids()
+            if not remaining:
+                return True
+            for pid in remaining:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() >= deadline:
+                return False
+            await anyio.sleep(DRAIN_POLL_SECONDS)
+
+    def usage(self) -> tuple[float | None, int | None]:
+        """CPU seconds and peak memory of everything that ran in the cgroup."""
+        try:
+            if self.host.version == 1:
+                cpu = int(_read(self.dirs["cpuacct"] / "cpuacct.usage")) / 1e9
+                peak = int(_read(self.dirs["memory"] / "memory.max_usage_in_bytes"))
+                return cpu, peak
+            unified = self.dirs["unified"]
+            stat = _keyed(_read(unified / "cpu.stat"))
+            cpu = stat["usage_usec"] / 1e6
+            peak_path = unified / "memory.peak"
+            # memory.peak arrived in Linux 5.19; without it, peak memory is not measured.
+            return cpu, int(_read(peak_path)) if peak_path.exists() else None
+        except (OSError, ValueError, KeyError):
+            return None, None
+
+    def oom_killed(self) -> bool | None:
+        """Whether the out-of-memory killer ended a process of this cgroup (None: unknown)."""
+        try:
+            if self.host.version == 1:
+                control = _keyed(_read(self.dirs["memory"] / "memory.oom_control"))
+                if "oom_kill" in control:
+                    return control["oom_kill"] > 0
+                # Kernels before 4.13 do not count kills; hitting the cap is the best sign.
+                return int(_read(self.dirs["memory"] / "memory.failcnt")) > 0 or None
+            events = _keyed(_read(self.dirs["unified"] / "memory.events"))
+            return events.get("oom_kill", 0) > 0
+        except (OSError, ValueError):
+            return None
+
+    async def remove(self) -> bool:
+        """Kill stragglers, then rmdir every directory; True if none is left."""
+        self.close_join_fds()
+        await self.drain()
+        left = False
+        for directory in self.directories:
+            left |= not _rmdir(directory)
+        return not left
+
+
+def _read(path: Path) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+def _keyed(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+@dataclass(frozen=True)
+class _Mount:
+    #: The hierarchy's path that is mounted here (not "/" inside a container's namespace).
+    root: str
+    point: Path
+    fstype: str
+    options: frozenset[str]
+
+
+def _mounts() -> list[_Mount]:
+    mounts = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            head, _, tail = line.partition(" - ")
+            fields, rest = head.split(), tail.split()
+            if len(fields) < 5 or len(rest) < 3 or rest[0] not in ("cgroup", "cgroup2"):
+                continue
+            mounts.append(_Mount(
+                root=_unescape(fields[3]), point=Path(_unescape(fields[4])), fstype=rest[0],
+                options=frozenset(rest[2].split(",")),
+            ))
+    return mounts
+
+
+def _unescape(text: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal.
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        text = text.replace(code, char)
+    return text
+
+
+def _own_cgroups() -> dict[str, str]:
+    """Controller (or "" for v2) to this process's cgroup path in that hierarchy."""
+    own: dict[str, str] = {}
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            parts = line.rstrip("\n").split(":", 2)
+            if len(parts) != 3:
+                continue
+            _, controllers, path = parts
+            for controller in controllers.split(",") if controllers else [""]:
+                own[controller] = path
+    return own
+
+
+def _inside(mount: _Mount, cgroup_path: str) -> Path | None:
+    """Where ``cgroup_path`` of the mount's hierarchy appears on the filesystem."""
+    root = mount.root.rstrip("/")
+    if cgroup_path != root and not cgroup_path.startswith(root + "/"):
+        return None
+    directory = mount.point / cgroup_path[len(root):].lstrip("/")
+    return directory if directory.is_dir() else None
+
+
+def _detect_v1(mounts: list[_Mount], own: dict[str, str]) -> CgroupHost | str:
+    parents: dict[str, Path] = {}
+    for controller in V1_CONTROLLERS:
+        mount = next(
+            (m for m in mounts if m.fstype == "cgroup" and controller in m.options), None
+        )
+        if mount is None or controller not in own:
+            return f"the cgroup v1 {controller} controller is not mounted"
+        parent = _inside(mount, own[controller])
+        if parent is None or not os.access(parent, os.W_OK):
+            return f"this process's cgroup v1 {controller} directory is not writable"
+        parents[controller] = parent
+    memsw = (parents["memory"] / "memory.memsw.limit_in_bytes").exists()
+    return CgroupHost(1, parents, memsw=memsw)
+
+
+def _detect_v2(mounts: list[_Mount], own: dict[str, str]) -> CgroupHost | str:
+    mount = next((m for m in mounts if m.fstype == "cgroup2"), None)
+    if mount is None or "" not in own:
+        return "no cgroup v2 hierarchy is mounted"
+    parent = _inside(mount, own[""])
+    if parent is None or not os.access(parent, os.W_OK):
+        return "this process's cgroup v2 directory is not writable"
+    try:
+        available = set(_read(parent / "cgroup.controllers").split())
+        enabled = set(_read(parent / "cgroup.subtree_control").split())
+    except OSError as exc:
+        return f"cannot read this process's cgroup v2 controllers: {exc}"
+    missing = [c for c in V2_CONTROLLERS if c not in available]
+    if missing:
+        return f"the cgroup v2 controllers {', '.join(missing)} are not available here"
+    wanted = [c for c in V2_CONTROLLERS if c not in enabled]
+    if wanted:
+        # Succeeds only where no process lives in this cgroup itself (the root cgroup, or a
+        # delegated one): cgroup v2 keeps processes and controlled children apart.
+        try:
+            _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+        except OSError as exc:
+            return (
+                f"cannot enable the cgroup v2 controllers {', '.join(wanted)} for children of "
+                f"this process's cgroup: {exc}"
+            )
+    return CgroupHost(2, {"unified": parent})
+
+
+@lru_cache(maxsize=1)
+def detect() -> CgroupHost | str:
+    """Where this host can create per-execution cgroups, or why it cannot."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "the host is not root, so it cannot create cgroups"
+    try:
+        mounts, own = _mounts(), _own_cgroups()
+    except OSError as exc:
+        return f"cannot read this process's cgroups: {exc}"
+    # A hybrid host (v1 controllers beside an empty v2 hierarchy) is used as v1.
+    v1 = _detect_v1(mounts, own)
+    if isinstance(v1, CgroupHost):
+        result: CgroupHost | str = v1
+    else:
+        v2 = _detect_v2(mounts, own)
+        result = v2 if isinstance(v2, CgroupHost) else f"{v1}; {v2}"
+    if isinstance(result, CgroupHost):
+        remove_leftovers(result)
+    return result
+
+
+def remove_leftovers(host: CgroupHost) -> None:
+    """Remove per-execution cgroups whose host process is gone (it died before teardown;
+    its sandbox died with it, so they are empty)."""
+    for parent in dict.fromkeys(host.parents.values()):
+        try:
+            entries = list(parent.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.name.startswith(PREFIX):
+                continue
+            owner = entry.name[len(PREFIX):].split("-", 1)[0]
+            if owner.isdigit() and not _alive(int(owner)):
+                _rmdir(entry)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,135 @@
+"""Usage and outside caps from the execution's cgroup, asserted from the host: CPU time and
+peak memory of the whole tree, an out-of-memory kill reported as such, a fork bomb stopped by
+the pids cgroup, and no cgroup left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bwrap_support import run
+
+from psych_sandbox_bwrap import cgroups
+from psych_sandbox_bwrap.backend import DEFAULT_PIDS, PIDS_CGROUP_HEADROOM
+
+pytestmark = [pytest.mark.anyio]
+
+MiB = 1024 * 1024
+HOST = cgroups.detect()
+needs_cgroups = pytest.mark.skipif(
+    not isinstance(HOST, cgroups.CgroupHost), reason=f"no per-execution cgroups: {HOST}"
+)
+pytestmark.append(needs_cgroups)
+
+
+def our_cgroups() -> list[Path]:
+    """Per-execution cgroup directories this test process made, found by walking every
+    mounted hierarchy (not by asking the code under test where it put them)."""
+    mine = f"{cgroups.PREFIX}{os.getpid()}-"
+    found = []
+    for top, dirs, _ in os.walk("/sys/fs/cgroup"):
+        for name in dirs:
+            if name.startswith(mine):
+                found.append(Path(top) / name)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def nothing_left() -> Iterator[None]:
+    assert our_cgroups() == []
+    yield
+    assert our_cgroups() == []
+
+
+async def test_cpu_of_the_whole_tree_measured_from_the_host() -> None:
+    # A child burns the CPU, not the process bwrap started: wait4 on bwrap saw ~0.003 s.
+    result = await run(
+        "import os, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    t = time.process_time()\n"
+        "    while time.process_time() - t < 1.0:\n        pass\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n'done'"
+    )
+    assert result.error is None, result.error
+    assert result.usage.measured_by == "host"
+    assert result.usage.cpu_seconds is not None
+    assert 1.0 <= result.usage.cpu_seconds < 10
+
+
+async def test_peak_memory_measured() -> None:
+    result = await run("x = b'x' * (200 * 1024 * 1024)\nlen(x)")
+    assert result.error is None, result.error
+    assert result.return_value == 200 * MiB
+    assert result.usage.measured_by == "host"
+    assert result.usage.peak_memory_bytes is not None
+    assert result.usage.peak_memory_bytes > 200 * MiB
+
+
+async def test_caps_graded_enforced() -> None:
+    result = await run("1")
+    assert result.error is None, result.error
+    assert result.grades["memory"] == "enforced"
+    assert result.grades["process_count"] == "enforced"
+    assert result.level == "isolated"
+
+
+async def test_memory_bomb_beyond_the_cgroup_is_memory_limit() -> None:
+    """Every process stays under its own address-space limit (128 MiB); together they pass
+    the tree's cap (128 MiB + 3 x 1 MiB of tmpfs + headroom), which only the cgroup sees."""
+    result = await run(
+        "import os\n"
+        "ready_r, ready_w = os.pipe()\nhold_r, hold_w = os.pipe()\n"
+        "for _ in range(3):\n"
+        "    if os.fork() == 0:\n"
+        "        held = b'c' * (30 * 1024 * 1024)\n"
+        "        os.write(ready_w, b'1')\n"
+        "        os.read(hold_r, 1)\n"
+        "        os._exit(0)\n"
+        "got = b''\n"
+        "while len(got) < 3:\n    got += os.read(ready_r, 3)\n"
+        "big = b'p' * (90 * 1024 * 1024)\n"
+        "len(big)",
+        options={"workspace_bytes": MiB, "tmp_bytes": MiB, "shm_bytes": MiB},
+        memory_bytes=128 * MiB,
+    )
+    assert result.error is not None, result.return_value
+    assert result.error.kind.value == "memory_limit"
+    assert "memory cgroup" in result.error.message
+    assert result.usage.peak_memory_bytes is not None
+    assert result.usage.peak_memory_bytes > 128 * MiB
+
+
+async def test_fork_bomb_stopped_by_the_pids_cgroup_with_host_responsive() -> None:
+    # No process-count rlimit: only the pids cgroup (the default cap) stops it.
+    result = await run(
+        "import os, time\nmade = 0\n"
+        "try:\n    for _ in range(2000):\n        pid = os.fork()\n"
+        "        if pid == 0:\n            time.sleep(60)\n            os._exit(0)\n"
+        "        made += 1\nexcept OSError as e:\n    err = type(e).__name__\n"
+        "else:\n    err = None\n"
+        "[made, err]",
+        processes=None,
+    )
+    assert subprocess.run(["true"], check=False).returncode == 0
+    assert result.error is None, result.error
+    made, err = result.return_value
+    assert err == "BlockingIOError"
+    # The cgroup's cap counts bwrap's two processes and the program besides the children.
+    assert made <= DEFAULT_PIDS + PIDS_CGROUP_HEADROOM - 3
+    assert result.grades["process_count"] == "enforced"
+
+
+async def test_no_cgroup_left_after_a_failed_start(tmp_path: Path) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: refused (simulated)' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    tmp_path.chmod(0o755)
+    result = await run("1", options={"bwrap": str(fake)})
+    assert result.error is not None
+    assert result.error.kind.value == "backend_not_ready"
+    # The autouse fixture checks the filesystem afterwards.
