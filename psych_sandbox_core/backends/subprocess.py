@@ -13,6 +13,7 @@ import ctypes
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -28,9 +29,16 @@ from pydantic import Field
 from .. import hookspecs
 from ..backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
 from ..channel import InheritedSocketChannel
-from ..errors import InterpreterNotFoundError
+from ..errors import ConfigurationError, InterpreterNotFoundError
 from ..grading import Level, Mechanisms
 from ..host import child_environment
+from ..identity import (
+    DEFAULT_COUNT,
+    DEFAULT_FIRST_UID,
+    IdentityExhausted,
+    IdentityLease,
+    IdentityRange,
+)
 from ..process import ExitStatus, ManagedProcess
 from ..workspace import create_workspace, remove_tree
 
@@ -39,17 +47,20 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
-#: The unprivileged identity a root host drops the child to (nobody/nogroup on Debian).
-NOBODY = 65534
 
 
 class SubprocessOptions(BackendOptions):
     #: Interpreter for the child: a path or a name on PATH; None picks one the child's
     #: identity can run (the host's own when reachable, else a system python3).
     interpreter: str | None = None
-    #: When the host runs as root, run the program as this uid/gid instead.
-    drop_to_uid: Annotated[int, Field(ge=1)] = NOBODY
-    drop_to_gid: Annotated[int, Field(ge=1)] = NOBODY
+    #: When the host runs as root, the program runs as an unprivileged uid/gid of its own,
+    #: leased per execution from this range (see identity.py), so concurrent programs cannot
+    #: reach each other. Setting drop_to_uid/drop_to_gid instead makes every execution share
+    #: that one identity: weaker, and only for hosts that cannot spare a range.
+    identity_first_uid: Annotated[int, Field(ge=1000)] = DEFAULT_FIRST_UID
+    identity_count: Annotated[int, Field(ge=1, le=1 << 24)] = DEFAULT_COUNT
+    drop_to_uid: Annotated[int, Field(ge=1)] | None = None
+    drop_to_gid: Annotated[int, Field(ge=1)] | None = None
     #: Unshare pid and network namespaces where the kernel allows.
     use_namespaces: bool = True
 
@@ -66,18 +77,24 @@ class SubprocessBackend(Backend):
         self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
         # The bootstrap drops the identity itself (Linux); elsewhere none is claimed.
         linux = sys.platform.startswith("linux")
-        self.identity = (
-            (options.drop_to_uid, options.drop_to_gid) if self.is_root and linux else None
-        )
+        self.drops_identity = self.is_root and linux
+        self.fixed_identity: tuple[int, int] | None = None
+        if (options.drop_to_uid is None) != (options.drop_to_gid is None):
+            raise ConfigurationError("drop_to_uid and drop_to_gid go together")
+        if options.drop_to_uid is not None and options.drop_to_gid is not None:
+            self.fixed_identity = (options.drop_to_uid, options.drop_to_gid)
+        self.identities = IdentityRange(options.identity_first_uid, options.identity_count)
+        if self.drops_identity and self.fixed_identity is None:
+            self.identities.check()
         # Resolved once, at load: a name that cannot be resolved fails configuration now.
-        self.interpreter = resolve_interpreter(options.interpreter, self.identity)
+        self.interpreter = resolve_interpreter(options.interpreter, self.drops_identity)
         self.namespaces = (
             namespace_flags(self.interpreter, self.is_root)
             if options.use_namespaces and sys.platform.startswith("linux")
             else 0
         )
         self.contain = sys.platform.startswith("linux") and (
-            bool(self.namespaces) or self.identity is not None
+            bool(self.namespaces) or self.drops_identity
         )
 
     def unavailable_reason(self) -> str | None:
@@ -90,12 +107,25 @@ class SubprocessBackend(Backend):
             network_namespace=bool(self.namespaces & CLONE_NEWNET),
             process_tree_boundary=bool(self.namespaces & CLONE_NEWPID),
             process_group=True,
-            unprivileged_identity=self.identity is not None,
+            unprivileged_identity=self.drops_identity,
         )
 
     @asynccontextmanager
     async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
-        workspace = create_workspace(self.identity)
+        lease: IdentityLease | None = None
+        identity: tuple[int, int] | None = self.fixed_identity
+        if self.drops_identity and identity is None:
+            try:
+                lease = self.identities.lease()
+            except IdentityExhausted as exc:
+                raise BackendUnavailable(str(exc)) from exc
+            identity = (lease.uid, lease.gid)
+        try:
+            workspace = create_workspace(identity)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
         channel = InheritedSocketChannel()
         process: ManagedProcess | None = None
         try:
@@ -108,7 +138,7 @@ class SubprocessBackend(Backend):
                 "probe=" + json.dumps(request.probe.as_json_object()),
             ]
             if self.contain:
-                uid, gid = self.identity if self.identity is not None else ("", "")
+                uid, gid = identity if identity is not None else ("", "")
                 argv.append(f"contain={self.namespaces}:{uid}:{gid}:{os.getpid()}")
             if self.namespaces & CLONE_NEWPID:
                 argv.append("pid-namespace=1")
@@ -135,6 +165,11 @@ class SubprocessBackend(Backend):
                 if process is not None:
                     await process.aclose()
                 await channel.aclose()
+            if lease is not None:
+                # Whatever still runs as this execution's uid escaped the tree: it dies before
+                # the uid can go to another execution.
+                kill_processes_of(lease.uid)
+                lease.release()
             remove_tree(workspace)
 
 
@@ -161,7 +196,34 @@ class _Launched(Launched):
 # ---------------------------------------------------------------- interpreter resolution
 
 
-def resolve_interpreter(configured: str | None, identity: tuple[int, int] | None) -> str:
+def kill_processes_of(uid: int) -> None:
+    """SIGKILL every process whose real uid is ``uid`` until none is left."""
+    for _ in range(100):
+        victims = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                # The status file, not the directory's owner: a process that made itself
+                # undumpable hands its /proc directory to root, but not its uids.
+                with open(f"/proc/{entry}/status") as fh:
+                    for line in fh:
+                        if line.startswith("Uid:"):
+                            if str(uid) in line.split()[1:]:
+                                victims.append(int(entry))
+                            break
+            except OSError:
+                continue
+        if not victims:
+            return
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def resolve_interpreter(configured: str | None, drops_identity: bool) -> str:
     """One absolute interpreter path the child's identity can execute, or a config error."""
     if configured is not None:
         found = configured if os.path.isabs(configured) else shutil.which(configured)
@@ -170,9 +232,9 @@ def resolve_interpreter(configured: str | None, identity: tuple[int, int] | None
                 f"interpreter {configured!r} cannot be resolved to an executable file"
             )
         path = os.path.realpath(found)
-        if identity is not None and not reachable_by_others(path):
+        if drops_identity and not reachable_by_others(path):
             raise InterpreterNotFoundError(
-                f"interpreter {path} is not reachable by the unprivileged uid {identity[0]} the "
+                f"interpreter {path} is not reachable by the unprivileged uid the "
                 "program runs as (a parent directory or the file is not world-executable)"
             )
         return path
@@ -184,7 +246,7 @@ def resolve_interpreter(configured: str | None, identity: tuple[int, int] | None
         if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
             continue
         real = os.path.realpath(candidate)
-        if identity is None or reachable_by_others(real):
+        if not drops_identity or reachable_by_others(real):
             return real
     raise InterpreterNotFoundError(
         "no Python interpreter the sandboxed program's identity can run was found; set "

@@ -1,0 +1,103 @@
+"""Unprivileged identities leased one per execution, on hosts that run as root.
+
+Two programs running at the same time under one uid can reach each other: read each other's
+``/proc/<pid>/environ`` and ``/proc/<pid>/root``, write to each other's output, share one
+process-count limit. So a root host gives every execution a uid (and gid) of its own, from a
+range no account uses, and takes it back when the execution is over.
+
+A lease is an exclusive ``flock`` on a per-uid file in a root-only directory: it holds across
+every host process on the machine and is released by the kernel if the host dies, so a crash
+never strands a uid. Leases go to the lowest free uid, which keeps the lock files few (as many
+as the highest concurrency seen).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import pwd
+import stat
+import tempfile
+from dataclasses import dataclass, field
+
+from .errors import ConfigurationError
+
+#: Default range: far above the uids distributions hand out (and above the 100000+ ranges
+#: container tools use for subordinate ids), below 2**31 so no tool misreads it as negative.
+DEFAULT_FIRST_UID = 1_800_000_000
+DEFAULT_COUNT = 65_536
+
+#: Where the lock files live: a root-only directory under /run, or the temp directory.
+_LOCK_DIRECTORIES = ("/run/psych-sandbox/identities",)
+
+
+class IdentityExhausted(Exception):
+    """Every uid of the range is leased right now (more concurrent executions than uids)."""
+
+
+@dataclass
+class IdentityLease:
+    uid: int
+    gid: int
+    _fd: int = field(repr=False)
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = -1
+
+
+@dataclass(frozen=True)
+class IdentityRange:
+    first: int = DEFAULT_FIRST_UID
+    count: int = DEFAULT_COUNT
+
+    def check(self) -> None:
+        """Refuse a range that overlaps an account (configuration error, at load)."""
+        if self.first < 1000 or self.count < 1 or self.first + self.count > 2**31 - 1:
+            raise ConfigurationError(
+                f"identity range {self.first}+{self.count} must lie within [1000, 2**31-1)"
+            )
+        for entry in pwd.getpwall():
+            if self.first <= entry.pw_uid < self.first + self.count:
+                raise ConfigurationError(
+                    f"identity range {self.first}+{self.count} contains the uid of account "
+                    f"{entry.pw_name!r} ({entry.pw_uid}); choose a range no account uses"
+                )
+
+    def lease(self) -> IdentityLease:
+        directory = _lock_directory()
+        for uid in range(self.first, self.first + self.count):
+            path = os.path.join(directory, str(uid))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    continue
+                raise
+            return IdentityLease(uid, uid, fd)
+        raise IdentityExhausted(
+            f"all {self.count} identities from {self.first} are in use by running executions"
+        )
+
+
+def _lock_directory() -> str:
+    candidates = [*_LOCK_DIRECTORIES, os.path.join(tempfile.gettempdir(), "psych-sandbox-ids")]
+    for directory in candidates:
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            info = os.lstat(directory)
+        except OSError:
+            continue
+        # Only a root-owned, root-only directory is trusted: anyone able to create files in
+        # it could hold a uid's lock and make two executions share that uid.
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o077:
+            return directory
+    raise ConfigurationError(
+        "no root-only directory is available for identity leases (tried "
+        + ", ".join(candidates)
+        + ")"
+    )

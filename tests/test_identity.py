@@ -1,0 +1,147 @@
+"""Each execution on a root host runs as a uid of its own: concurrent programs cannot reach
+each other, and nothing of an execution survives under its uid. Asserted from the host."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import textwrap
+from functools import partial
+
+import anyio
+import pytest
+
+from psych_sandbox_core import ConfigurationError, Sandbox
+from psych_sandbox_core.identity import IdentityRange
+
+from .conftest import PROFILE, config, marker, pids_with, wait_for_pids
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(os.geteuid() != 0, reason="identities are leased only on a root host"),
+]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def uids_of(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("Uid:"):
+                return [int(value) for value in line.split()[1:]]
+    raise AssertionError(f"no Uid line for {pid}")
+
+
+def holder(mark: str) -> str:
+    """A program that keeps a secret in its workspace and runs a marked sleeper."""
+    return src(
+        f"""
+        import subprocess, sys
+        with open("secret.txt", "w") as fh:
+            fh.write("SECRET-" + {mark!r}[::-1])
+        subprocess.run([sys.executable, "-c", "import time; time.sleep(30)", {mark!r}])
+        """
+    )
+
+
+PRYING = src(
+    """
+    import os
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            root = f"/proc/{entry}/root"
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            with open(root + cwd + "/secret.txt") as fh:
+                found.append(fh.read())
+        except OSError:
+            pass
+        try:
+            with open(f"/proc/{entry}/cwd/secret.txt") as fh:
+                found.append(fh.read())
+        except OSError:
+            pass
+    found
+    """
+)
+
+
+async def test_concurrent_executions_get_distinct_uids_and_cannot_reach_each_other() -> None:
+    mark = marker()
+    async with Sandbox(config(wall_seconds=5.0)) as sandbox, anyio.create_task_group() as tg:
+        tg.start_soon(partial(sandbox.run, holder(mark), profile=PROFILE))
+        (victim,) = await wait_for_pids(mark, present=True)
+        # The victim's workspace is where its secret is; the host can see it, the other
+        # execution must not.
+        victim_uid = uids_of(victim)[0]
+        spy = await sandbox.run(PRYING, profile=PROFILE)
+        tg.cancel_scope.cancel()
+    assert spy.error is None, spy.error
+    assert victim_uid >= 1000
+    assert spy.return_value == [], "one execution read another's workspace"
+    assert ("SECRET-" + mark[::-1]) not in (spy.stdout + spy.stderr)
+
+
+async def test_two_running_executions_never_share_a_uid() -> None:
+    marks = [marker(), marker()]
+    async with Sandbox(config(wall_seconds=5.0)) as sandbox, anyio.create_task_group() as tg:
+        for mark in marks:
+            tg.start_soon(partial(sandbox.run, holder(mark), profile=PROFILE))
+        pids = [(await wait_for_pids(mark, present=True))[0] for mark in marks]
+        uids = [uids_of(pid) for pid in pids]
+        tg.cancel_scope.cancel()
+    assert uids[0][0] != uids[1][0]
+    # Real, effective and saved uids all dropped, none of them root.
+    assert all(0 not in ids for ids in uids)
+
+
+async def test_a_process_that_escaped_the_tree_dies_with_its_execution() -> None:
+    # Without a pid namespace, a double-forked setsid'd daemon leaves the process group; it
+    # still runs as the execution's uid, and teardown kills everything under that uid.
+    mark = marker()
+    program = src(
+        f"""
+        import os, sys
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(60)",
+                                          {mark[:10]!r} + {mark[10:]!r}])
+            os._exit(0)
+        os.wait()
+        import time
+        while not any({mark[:10]!r} + {mark[10:]!r} in open(f"/proc/{{p}}/cmdline").read()
+                      for p in os.listdir("/proc") if p.isdigit()
+                      and os.path.exists(f"/proc/{{p}}/cmdline")):
+            time.sleep(0.01)
+        """
+    )
+    async with Sandbox(config(options={"use_namespaces": False})) as sandbox:
+        result = await sandbox.run(program, profile=PROFILE)
+    assert result.error is None, result.error
+    assert result.grades["process_tree"] == "unverified"
+    assert pids_with(mark) == []
+
+
+def test_a_range_that_holds_an_account_is_a_configuration_error() -> None:
+    account = max(pwd.getpwall(), key=lambda entry: entry.pw_uid)
+    assert account.pw_uid >= 1000, "no account with a uid in the allowed range to collide with"
+    with pytest.raises(ConfigurationError, match=account.pw_name):
+        IdentityRange(first=account.pw_uid, count=1).check()
+
+
+async def test_a_profile_whose_range_holds_an_account_fails_at_load() -> None:
+    account = max(pwd.getpwall(), key=lambda entry: entry.pw_uid)
+    options = {"identity_first_uid": max(1000, account.pw_uid), "identity_count": 1}
+    with pytest.raises(ConfigurationError, match="identity range"):
+        async with Sandbox(config(options=options)) as sandbox:
+            await sandbox.run("1", profile=PROFILE)
