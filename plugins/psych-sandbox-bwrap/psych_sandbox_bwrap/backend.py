@@ -6,7 +6,10 @@ read-only; the workspace, /tmp and /dev/shm are size-capped tmpfs mounts that va
 mount namespace. The program runs as an unprivileged uid with no capabilities and no new
 privileges. When the host runs as root, bwrap itself is started as an unprivileged host uid:
 a user namespace made by root maps the sandbox onto host root, which owns (and may write)
-the kernel's settings under /proc/sys even without capabilities.
+the kernel's settings under /proc/sys even without capabilities. That host uid is leased per
+execution (psych_sandbox_core.identity): the host uid that made a user namespace holds every
+capability in it, so a host process sharing it could enter a running sandbox through
+/proc/<pid>/root, and every sandbox under one uid would share that uid's process count.
 
 bwrap's monitor learns the exit status of its pid-namespace init through an eventfd and
 exits without reaping it, so the kernel's accounting of the tree never reaches the host's
@@ -41,18 +44,25 @@ from psych_sandbox_core.backend import (
     Launched,
     LaunchRequest,
 )
+from psych_sandbox_core.backends.subprocess import kill_processes_of
 from psych_sandbox_core.channel import InheritedSocketChannel
 from psych_sandbox_core.errors import ConfigurationError, ErrorKind, InterpreterNotFoundError
 from psych_sandbox_core.grading import Level, Mechanisms
 from psych_sandbox_core.host import child_environment
+from psych_sandbox_core.identity import (
+    DEFAULT_COUNT,
+    DEFAULT_FIRST_UID,
+    IdentityExhausted,
+    IdentityLease,
+    IdentityRange,
+)
 from psych_sandbox_core.process import ExitStatus, ManagedProcess
 from pydantic import Field
 
 from . import cgroups
 
 MiB = 1024 * 1024
-#: The unprivileged identity (nobody/nogroup on Debian), inside the sandbox and, when the
-#: host is root, on the host.
+#: The unprivileged identity inside the sandbox (nobody/nogroup on Debian).
 NOBODY = 65534
 #: Where the program runs inside the sandbox, and the temporary directory it is given.
 WORKSPACE = "/workspace"
@@ -94,10 +104,16 @@ class BwrapOptions(BackendOptions):
     #: The program's uid and gid inside the sandbox.
     sandbox_uid: Uid = NOBODY
     sandbox_gid: Uid = NOBODY
-    #: When the host runs as root, bwrap runs as this host uid/gid (the sandbox's uid maps
-    #: onto it). Prefer an id no other service uses.
-    host_uid: Uid = NOBODY
-    host_gid: Uid = NOBODY
+    #: When the host runs as root, bwrap runs as an unprivileged host uid/gid of its own,
+    #: leased per execution from this range (a range no account uses; the sandbox's uid maps
+    #: onto it), so no two executions, nor any other host process, share it.
+    identity_first_uid: Annotated[int, Field(ge=1000)] = DEFAULT_FIRST_UID
+    identity_count: Annotated[int, Field(ge=1, le=1 << 24)] = DEFAULT_COUNT
+    #: Setting host_uid/host_gid instead runs every execution's bwrap as that one identity:
+    #: weaker (whatever else runs as it holds every capability in the running sandboxes and
+    #: shares their process count), only for hosts that cannot spare a range.
+    host_uid: Uid | None = None
+    host_gid: Uid | None = None
     #: Size caps of the memory-backed filesystems: a file-size limit alone does not stop a
     #: program from filling RAM through many files.
     workspace_bytes: Size = 128 * MiB
@@ -118,10 +134,17 @@ class BwrapBackend(Backend):
         assert isinstance(options, BwrapOptions)
         self.settings = options
         self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
-        #: Who runs bwrap on the host: dropped from root, else the host's own user.
-        self.runner = (options.host_uid, options.host_gid) if self.is_root else None
+        if (options.host_uid is None) != (options.host_gid is None):
+            raise ConfigurationError("host_uid and host_gid go together")
+        #: A root host drops bwrap to a leased identity, or to the one configured.
+        self.fixed_runner: tuple[int, int] | None = None
+        if options.host_uid is not None and options.host_gid is not None:
+            self.fixed_runner = (options.host_uid, options.host_gid)
+        self.identities = IdentityRange(options.identity_first_uid, options.identity_count)
+        if self.is_root and self.fixed_runner is None:
+            self.identities.check()
         self.bwrap = shutil.which(options.bwrap) if sys.platform.startswith("linux") else None
-        self.interpreter = resolve_interpreter(options.interpreter, self.runner)
+        self.interpreter = resolve_interpreter(options.interpreter, self.is_root)
         binds = list(interpreter_prefixes(self.interpreter))
         for extra in options.extra_ro_binds:
             binds.append(checked_bind(extra, "extra_ro_binds"))
@@ -239,6 +262,29 @@ class BwrapBackend(Backend):
     async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
         if self.bwrap is None:
             raise BackendUnavailable(self.unavailable_reason() or "bubblewrap is missing")
+        lease: IdentityLease | None = None
+        runner = self.fixed_runner if self.is_root else None
+        if self.is_root and runner is None:
+            try:
+                lease = self.identities.lease()
+            except IdentityExhausted as exc:
+                raise BackendUnavailable(str(exc)) from exc
+            runner = (lease.uid, lease.gid)
+        try:
+            async with self._launch(request, runner) as launched:
+                yield launched
+        finally:
+            if lease is not None:
+                # Whatever still runs as this uid (nothing should: the namespace is empty)
+                # dies before the uid can go to another execution.
+                kill_processes_of(lease.uid)
+                lease.release()
+
+    @asynccontextmanager
+    async def _launch(
+        self, request: LaunchRequest, runner: tuple[int, int] | None
+    ) -> AsyncIterator[Launched]:
+        assert self.bwrap is not None
         channel = _Channel()
         info_read, info_write = os.pipe()
         process: ManagedProcess | None = None
@@ -254,7 +300,7 @@ class BwrapBackend(Backend):
                     env={},
                     cwd="/",
                     pass_fds=(*channel.inherited_fds, info_write),
-                    preexec_fn=_prepare(self.runner, cgroup),
+                    preexec_fn=_prepare(runner, cgroup),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 raise BackendUnavailable(f"could not start bubblewrap: {exc}") from exc
@@ -481,7 +527,7 @@ def _libc() -> ctypes.CDLL | None:
 # ---------------------------------------------------------------- interpreter and binds
 
 
-def resolve_interpreter(configured: str | None, runner: tuple[int, int] | None) -> str:
+def resolve_interpreter(configured: str | None, drops_identity: bool) -> str:
     """One absolute interpreter path bwrap's identity can reach, or a configuration error."""
     if configured is not None:
         found = configured if os.path.isabs(configured) else shutil.which(configured)
@@ -490,10 +536,10 @@ def resolve_interpreter(configured: str | None, runner: tuple[int, int] | None) 
                 f"interpreter {configured!r} cannot be resolved to an executable file"
             )
         path = os.path.realpath(found)
-        if runner is not None and not reachable_by_others(path):
+        if drops_identity and not reachable_by_others(path):
             raise InterpreterNotFoundError(
-                f"interpreter {path} is not reachable by the unprivileged host uid {runner[0]} "
-                "that runs bubblewrap (a parent directory or the file is not world-executable)"
+                f"interpreter {path} is not reachable by the unprivileged host uid that runs "
+                "bubblewrap (a parent directory or the file is not world-executable)"
             )
         return path
     minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -504,7 +550,7 @@ def resolve_interpreter(configured: str | None, runner: tuple[int, int] | None) 
         if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
             continue
         real = os.path.realpath(candidate)
-        if runner is None or reachable_by_others(real):
+        if not drops_identity or reachable_by_others(real):
             return real
     raise InterpreterNotFoundError(
         "no Python interpreter bubblewrap can run was found; set 'interpreter' to a "

@@ -12,6 +12,22 @@ import pytest
 # setting) test directories are not put on sys.path, so put this one there.
 sys.path.insert(0, str(Path(__file__).parent))
 
+from bwrap_support import skip_unless_required
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "psych_missing(requirement, reason): cannot run here (skip, or fail when "
+        "PSYCH_SANDBOX_REQUIRE_BACKENDS names the requirement)",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _requirements(request: pytest.FixtureRequest) -> None:
+    mark = request.node.get_closest_marker("psych_missing")
+    if mark is not None:
+        skip_unless_required(*mark.args)
+
 
 @pytest.fixture
 def anyio_backend() -> str:

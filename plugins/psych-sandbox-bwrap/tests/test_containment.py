@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,15 @@ from pathlib import Path
 
 import anyio
 import pytest
-from bwrap_support import marker, pids_with, requires_bwrap, run, wait_for_pids
+from bwrap_support import (
+    marker,
+    opens_of,
+    pids_with,
+    requires_bwrap,
+    run,
+    wait_for_pids,
+)
+from psych_sandbox_core.identity import DEFAULT_COUNT, DEFAULT_FIRST_UID
 
 from psych_sandbox_bwrap import cgroups
 
@@ -57,11 +66,17 @@ async def test_level_isolated_with_isolating_grades_enforced() -> None:
 
 async def test_canary_unreadable_by_absolute_path(host_secret: tuple[Path, str]) -> None:
     path, secret = host_secret
-    result = await run(
-        f"try:\n    data = open({str(path)!r}).read()\nexcept OSError as e:\n"
-        f"    data = type(e).__name__\nprint(data)\ndata"
-    )
+    with opens_of(str(path)) as opened:
+        result = await run(
+            f"try:\n    data = open({str(path)!r}).read()\nexcept OSError as e:\n"
+            f"    data = type(e).__name__\nprint(data)\ndata"
+        )
+    with opens_of(str(path)) as control_opened:
+        path.read_text()
     assert result.error is None, result.error
+    # Seen from the host: nothing opened the canary's inode during the run (the watch does
+    # see an open, as the host's own shows).
+    assert opened == [] and control_opened
     assert secret not in result.stdout
     assert secret not in str(result.return_value)
     assert result.grades["filesystem"] == "enforced"
@@ -74,24 +89,32 @@ async def test_root_and_home_absent() -> None:
     planted.write_text(secret)
     os.chmod(planted, 0o644)
     try:
-        result = await run(
-            "import os\nseen = {}\n"
-            f"for p in ('/root', {home!r}, '/home', {str(planted)!r}):\n"
-            "    try:\n        seen[p] = open(p).read() if os.path.isfile(p) else os.listdir(p)\n"
-            "    except OSError as e:\n        seen[p] = type(e).__name__\n"
-            "seen"
-        )
+        with opens_of(str(planted), home) as opened:
+            result = await run(
+                "import os\nseen = {}\n"
+                f"for p in ('/root', {home!r}, '/home', {str(planted)!r}):\n"
+                "    try:\n"
+                "        seen[p] = open(p).read() if os.path.isfile(p) else os.listdir(p)\n"
+                "    except OSError as e:\n        seen[p] = type(e).__name__\n"
+                "seen"
+            )
+        with opens_of(str(planted)) as control:
+            planted.read_text()
     finally:
         planted.unlink()
     assert result.error is None, result.error
+    # From the host: neither the planted file nor the home directory was opened or listed.
+    assert opened == [] and control
     assert secret not in str(result.return_value)
     assert all(v == "FileNotFoundError" for v in result.return_value.values()), result.return_value
 
 
 async def test_host_processes_invisible() -> None:
     mark = marker()
-    sleeper = subprocess.Popen(["sh", "-c", "sleep 60", mark])
+    # The marked process itself, not a shell around it: killing it leaves nothing behind.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", mark])
     try:
+        await wait_for_pids(mark)
         result = await run(
             "import os\nlines = []\n"
             "for e in os.listdir('/proc'):\n"
@@ -107,6 +130,7 @@ async def test_host_processes_invisible() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+    assert pids_with(mark) == []
     assert result.error is None, result.error
     cmdlines = result.return_value
     assert cmdlines, "the program saw no process at all, not even itself"
@@ -214,9 +238,12 @@ async def test_identity_seen_from_the_host() -> None:
         )
     assert result.error is None, result.error
     assert result.return_value == -signal.SIGTERM
-    host_uid = os.getuid()
-    expected = 65534 if host_uid == 0 else host_uid
-    assert outcome["uid"] == [expected] * 4
+    if os.getuid() == 0:
+        # A uid leased for this execution, the same in all four slots.
+        (uid,) = set(outcome["uid"])  # type: ignore[call-overload]
+        assert DEFAULT_FIRST_UID <= uid < DEFAULT_FIRST_UID + DEFAULT_COUNT
+    else:
+        assert outcome["uid"] == [os.getuid()] * 4
     assert outcome["capeff"] == 0
     assert outcome["capprm"] == 0
     assert outcome["nnp"] == "1"

@@ -16,7 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bwrap_support import marker, pids_with, requires_bwrap, run
+from bwrap_support import (
+    BWRAP_ROOT,
+    marker,
+    needs_root,
+    pids_with,
+    requires_bwrap,
+    run,
+    skip_unless_required,
+)
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core import sandbox as sandbox_module
 from psych_sandbox_core.errors import ConfigurationError
@@ -29,7 +37,6 @@ TEST_USER = "psych-bwrap-test"
 #: The system interpreter an unprivileged user can run (the test environment's may live
 #: under a home directory it cannot enter).
 SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="creates a user and namespaces")
 
 
 @pytest.fixture
@@ -140,7 +147,9 @@ def _reachable(path: Path) -> bool:
 def test_works_as_an_unprivileged_host_user() -> None:
     uid, gid = _test_user()
     if not _reachable(HERE / "as_user.py") or not Path(SYSTEM_PYTHON).exists():
-        pytest.skip("the test files or a system python are not reachable by another user")
+        skip_unless_required(
+            BWRAP_ROOT, "the test files or a system python are not reachable by another user"
+        )
     mark = marker()
     program = (
         "import os, subprocess, sys\n"
@@ -184,7 +193,9 @@ def test_trial_fails_where_user_namespaces_are_forbidden() -> None:
     that namespace only, so nothing else on the host is affected)."""
     uid, gid = _test_user()
     if not _reachable(HERE / "as_user.py") or not Path(SYSTEM_PYTHON).exists():
-        pytest.skip("the test files or a system python are not reachable by another user")
+        skip_unless_required(
+            BWRAP_ROOT, "the test files or a system python are not reachable by another user"
+        )
     libc = ctypes.CDLL(None, use_errno=True)
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bwrap_support import run
+from bwrap_support import BWRAP_ROOT, needs, run
 
 from psych_sandbox_bwrap import cgroups
 from psych_sandbox_bwrap.backend import DEFAULT_PIDS, PIDS_CGROUP_HEADROOM
@@ -18,11 +18,9 @@ from psych_sandbox_bwrap.backend import DEFAULT_PIDS, PIDS_CGROUP_HEADROOM
 pytestmark = [pytest.mark.anyio]
 
 MiB = 1024 * 1024
-#: A host uid no account or service uses.
-BOMB_UID = 64731
 HOST = cgroups.detect()
-needs_cgroups = pytest.mark.skipif(
-    not isinstance(HOST, cgroups.CgroupHost), reason=f"no per-execution cgroups: {HOST}"
+needs_cgroups = needs(
+    isinstance(HOST, cgroups.CgroupHost), BWRAP_ROOT, f"no per-execution cgroups: {HOST}"
 )
 pytestmark.append(needs_cgroups)
 
@@ -115,9 +113,6 @@ async def test_fork_bomb_stopped_by_the_pids_cgroup_with_host_responsive() -> No
         "        made += 1\nexcept OSError as e:\n    err = type(e).__name__\n"
         "else:\n    err = None\n"
         "[made, err]",
-        # As root, bwrap runs as this otherwise unused uid: RLIMIT_NPROC is counted per uid
-        # across the host, so 260 tasks of the shared "nobody" would starve others' runs.
-        options={"host_uid": BOMB_UID, "host_gid": BOMB_UID},
         processes=None,
     )
     assert subprocess.run(["true"], check=False).returncode == 0
