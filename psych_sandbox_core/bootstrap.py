@@ -22,6 +22,10 @@ except ImportError:  # an interpreter without the C accelerator: the plain modul
 PROTOCOL_VERSION = 1
 PROGRAM_FILENAME = "<program>"
 MAX_HOST_FRAME_BYTES = 64 * 1024 * 1024
+MAX_CHILD_FRAME_BYTES = 16 * 1024 * 1024
+#: JSON nested deeper than this is refused before it is sent: the host's parser stops at 200
+#: levels, and a value sits a few levels down inside its frame.
+MAX_JSON_DEPTH = 128
 MAIN_NAME = "__psych_main__"
 RLIMIT_NAMES = ("CORE", "CPU", "AS", "FSIZE", "NPROC", "NOFILE")
 
@@ -80,6 +84,27 @@ else:  # pragma: no cover - CPython always has _json
         import json
 
         return json.dumps(value, allow_nan=False, separators=(",", ":"))
+
+
+def json_problem(value):
+    """Why the host would refuse this (already encodable) JSON data, or None."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"it is nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "it contains a lone surrogate, which is not valid Unicode text"
+        elif isinstance(item, dict):
+            for key, member in item.items():
+                stack.append((key, depth + 1))
+                stack.append((member, depth + 1))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((member, depth + 1) for member in item)
+    return None
 
 
 # ------------------------------------------------------------------ the program's helpers
@@ -667,9 +692,19 @@ def _make_namespace(channel, tools):
             for key, value in arguments.items()
         }
         try:
-            json_dumps(arguments)
+            encoded = json_dumps(arguments)
         except (TypeError, ValueError, RecursionError) as exc:
             raise TypeError(f"call_tool({name!r}): arguments must be JSON data: {exc}") from None
+        problem = json_problem(arguments)
+        if problem is not None:
+            raise TypeError(f"call_tool({name!r}): arguments cannot be sent: {problem}")
+        if len(encoded) > MAX_CHILD_FRAME_BYTES - 4096:
+            # Checked here, before an id is spent: no frame this large can reach the host.
+            raise ToolError(
+                "budget_exhausted",
+                f"the arguments are {len(encoded)} bytes as JSON; a call can carry at most "
+                f"{MAX_CHILD_FRAME_BYTES - 4096}",
+            )
         return channel.call(name, arguments)
 
     namespace = {
@@ -688,8 +723,14 @@ def _make_namespace(channel, tools):
         namespace["read_tool_output"] = read_tool_output
     for tool in tools:
         # A direct alias only for names that are usable identifiers; never a mangled one, so
-        # two tools whose names mangle alike can never answer for each other.
-        if tool.isidentifier() and not keyword.iskeyword(tool) and tool not in namespace:
+        # two tools whose names mangle alike can never answer for each other; and never one
+        # that would hide a builtin (a tool named "print" stays reachable through call_tool).
+        if (
+            tool.isidentifier()
+            and not keyword.iskeyword(tool)
+            and tool not in namespace
+            and not hasattr(builtins, tool)
+        ):
             namespace[tool] = _alias(call_tool, tool)
     return namespace
 
@@ -714,6 +755,13 @@ def run_program(channel, frame):
         code, is_async = build_program(frame["source"])
     except SyntaxError as exc:
         return {"outcome": "raised", "error": describe_exception(exc)}
+    except ValueError as exc:
+        # The compiler refuses what it cannot build (a NUL byte in the text).
+        return {"outcome": "raised", "error": describe_exception(exc)}
+    except (MemoryError, RecursionError):
+        # Nesting beyond the parser's stack: the program's shape, not the memory limit.
+        error = SyntaxError("the program is nested too deeply for the compiler")
+        return {"outcome": "raised", "error": describe_exception(error)}
     global _PROGRAM_SOURCE
     _PROGRAM_SOURCE = frame["source"]
     try:
@@ -744,6 +792,12 @@ def run_program(channel, frame):
                 f"the return value of type {type(value).__name__} is not JSON-serialisable: "
                 f"{exc}"
             )[:4096],
+        }
+    problem = json_problem(value) if len(encoded) <= cap else None
+    if problem is not None:
+        return {
+            "outcome": "invalid_output",
+            "detail": f"the return value of type {type(value).__name__} cannot be sent: {problem}",
         }
     if len(encoded.encode()) > cap:
         return {
@@ -796,21 +850,33 @@ def _pid_namespace_init(libc):
     def die_with_parent():
         libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
 
+    # Init reports the program's exact wait status on this pipe: an exit code alone could
+    # not tell "exited with 152" from "killed by SIGXCPU".
+    report_read, report_write = os.pipe()
     init = os.fork()
     if init:
-        _exit_like(init)
+        os.close(report_write)
+        _exit_like(init, report_read)
+    os.close(report_read)
     die_with_parent()
     program = os.fork()
     if program:
-        _reap_as_init(program)
+        _reap_as_init(program, report_write)
+    os.close(report_write)
     die_with_parent()
 
 
-def _exit_like(pid):
+def _exit_like(pid, report):
     _, status = os.waitpid(pid, 0)
+    reported = b""
+    while True:
+        chunk = os.read(report, 64)
+        if not chunk:
+            break
+        reported += chunk
+    if reported.strip().isdigit():
+        status = int(reported)  # the program's own status, as init saw it
     code = os.waitstatus_to_exitcode(status)
-    if code > 128:
-        code = 128 - code  # init's encoding of "the program died of signal code-128"
     if code < 0:
         import resource
         import signal
@@ -824,17 +890,17 @@ def _exit_like(pid):
     os._exit(code)
 
 
-def _reap_as_init(program):
-    # As init we must reap every orphan, and pass the program's own fate upward encoded in
-    # the exit code (init cannot die of a signal it has no handler for).
+def _reap_as_init(program, report):
+    # As init we must reap every orphan; the program's fate goes up the pipe (init cannot
+    # die of a signal it has no handler for, so it could not mirror one itself).
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
             os._exit(70)
         if pid == program:
-            code = os.waitstatus_to_exitcode(status)
-            os._exit(128 - code if code < 0 else code)
+            os.write(report, str(status).encode())
+            os._exit(0)
 
 
 def main(argv):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -92,13 +93,13 @@ class _UsageError(Exception):
 
 
 def _command_run(args: argparse.Namespace) -> int:
+    if args.timeout is not None and not (args.timeout > 0 and math.isfinite(args.timeout)):
+        print("psych-sandbox: --timeout must be a positive, finite number", file=sys.stderr)
+        return EXIT_USAGE
     try:
         source = _read_source(args.file)
     except _UsageError as exc:
         print(f"psych-sandbox: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.timeout is not None and not args.timeout > 0:
-        print("psych-sandbox: --timeout must be a positive number", file=sys.stderr)
         return EXIT_USAGE
 
     bindings = load_function_tools(args.tools) if args.tools is not None else None

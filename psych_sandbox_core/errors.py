@@ -85,8 +85,8 @@ GUIDANCE: dict[ErrorKind, str] = {
         "unbounded loops, or process the data in smaller pieces."
     ),
     ErrorKind.ABORT: (
-        "The execution was stopped before your program ran, so nothing it does was executed. "
-        "The message says why."
+        "Your program aborted (SIGABRT): os.abort(), or a failed assertion inside native code "
+        "such as a C extension. Avoid the call that aborts, or check its inputs first."
     ),
     ErrorKind.WORKER_EXIT: (
         "The process running your program exited abruptly (for example os._exit, a signal, or "

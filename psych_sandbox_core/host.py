@@ -41,6 +41,7 @@ from .protocol import (
     RunFrame,
 )
 from .protocol.codec import decode_value_json
+from .protocol.limits import MAX_SOURCE_BYTES
 from .result import BackendIdentity, ExecutionFailure, ExecutionResult, Usage
 from .terms import ExecutionLimits
 
@@ -434,7 +435,7 @@ async def _converse(
     try:
         if harness.connections:
             state.grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
-        refusal = _refusal(plan, state.grades)
+        refusal = _refusal(plan, state.grades) or _unsendable_source(plan.source)
         if state.cancelled and refusal is None:
             refusal = ExecutionFailure.of(ErrorKind.CANCELLED, "cancelled before the program ran")
         if refusal is not None:
@@ -531,6 +532,27 @@ def _refusal(plan: ExecutionPlan, grades: dict[Guarantee, Grade]) -> ExecutionFa
             f"the backend claimed the {plan.claimed_level.value} level at selection but its "
             f"report reached only {level.value} ({_weak_grades(grades)}); not running under "
             "weaker terms",
+        )
+    return None
+
+
+def _unsendable_source(source: str) -> ExecutionFailure | None:
+    """A program text no run frame can carry: refused as data, before anything runs."""
+    if len(source) > MAX_SOURCE_BYTES:
+        return ExecutionFailure.of(
+            ErrorKind.EXCEPTION,
+            f"the program text is {len(source)} characters; at most {MAX_SOURCE_BYTES} are "
+            "accepted. Send a shorter program and fetch data through tools instead.",
+            exception_type="ValueError",
+        )
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return ExecutionFailure.of(
+            ErrorKind.EXCEPTION,
+            f"the program text is not valid Unicode at character {exc.start} (a lone "
+            "surrogate); nothing was run",
+            exception_type="UnicodeError",
         )
     return None
 

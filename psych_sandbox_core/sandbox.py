@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import uuid
 
 import anyio
@@ -25,6 +26,27 @@ from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
 from .runlog import RunLog, SQLiteRunLog
 from .terms import ExecutionLimits
+
+
+def default_run_log_path() -> str:
+    """Where the embedded durable run log lives: $PSYCH_SANDBOX_RUN_LOG, else the user's
+    state directory ($XDG_STATE_HOME or ~/.local/state)/psych-sandbox/run-log.sqlite."""
+    explicit = os.environ.get("PSYCH_SANDBOX_RUN_LOG")
+    if explicit:
+        return explicit
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    directory = os.path.join(state, "psych-sandbox")
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot create the run log directory {directory}: {exc.strerror}; pass run_log= "
+            "or set PSYCH_SANDBOX_RUN_LOG"
+        ) from None
+    return os.path.join(directory, "run-log.sqlite")
+
 
 _LEVEL_RANK = {Level.ISOLATED: 0, Level.PROCESS: 1, Level.NONE: 2}
 
@@ -52,9 +74,14 @@ class Sandbox:
         blob_store: BlobStore | None = None,
         pattern_deadline_seconds: float = DEFAULT_SEARCH_DEADLINE_SECONDS,
     ) -> None:
-        # Binding calls are counted per run in run_log (in memory unless one is given);
-        # results over the per-call ceiling are paged through blob_store when there is one.
-        self.run_log = run_log or SQLiteRunLog()
+        # Binding calls are counted per run in a run log. A run that spans executions (an
+        # explicit run_id) is counted in a durable log, so a host that crashes and restarts
+        # cannot hand the run a fresh allowance: run_log if given, else the embedded SQLite
+        # file (see default_run_log_path). A run of one execution is counted in memory.
+        # Results over the per-call ceiling are paged through blob_store when there is one.
+        self._configured_run_log = run_log
+        self._durable_run_log: RunLog | None = run_log
+        self._ephemeral_run_log: RunLog = run_log or SQLiteRunLog()
         self.blob_store = blob_store
         # Every run's attachment handles (streams, return values, artifacts); see attachments.py.
         self.attachments = AttachmentLedger(blob_store)
@@ -88,7 +115,14 @@ class Sandbox:
             await task_group.__aexit__(None, None, None)
 
     async def aclose(self) -> None:
+        if self._closed:
+            return
         self._closed = True
+        if self._configured_run_log is None:
+            # Ours to close: the in-memory log, and the durable one if a run opened it.
+            await self._ephemeral_run_log.aclose()
+            if self._durable_run_log is not None:
+                await self._durable_run_log.aclose()
         self._pools.clear()
 
     def profile_names(self) -> list[str]:
@@ -139,7 +173,7 @@ class Sandbox:
             bindings,
             specs,
             budgets=budgets,
-            run_log=self.run_log,
+            run_log=self._ephemeral_run_log if run_id is None else self._durable_log(),
             scope=ExecutionScope(tenant, run_id or execution_id, execution_id),
             blob_store=self.blob_store if bindings is not None else None,
             search=self._search,
@@ -177,6 +211,16 @@ class Sandbox:
             )
             self._pools[loaded.name] = pool
         return pool
+
+    @property
+    def run_log(self) -> RunLog:
+        """The log that counts calls of runs spanning executions (durable)."""
+        return self._durable_log()
+
+    def _durable_log(self) -> RunLog:
+        if self._durable_run_log is None:
+            self._durable_run_log = SQLiteRunLog(default_run_log_path())
+        return self._durable_run_log
 
     def _output_context(
         self, loaded: _LoadedProfile, tenant: str, run_id: str, require: bool

@@ -293,3 +293,24 @@ async def test_a_crashed_host_does_not_give_the_run_allowance_back(tmp_path: Pat
     result: dict[str, Any] = json.loads(result_line[len("RESULT ") :])
     # Three per run, two spent by the crashed host: one left, not three.
     assert result["return_value"] == [1, "budget_exhausted"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_run_spanning_executions_is_counted_in_a_durable_log_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No run_log passed: a run with an explicit id is still counted where a restarted host
+    # will find it.
+    database = tmp_path / "state.sqlite"
+    monkeypatch.setenv("PSYCH_SANDBOX_RUN_LOG", str(database))
+    config = DeploymentConfig(profiles={"p": ProfileConfig(backend="subprocess")})
+    tools = FunctionBindings({"noop": lambda: None})
+    async with Sandbox(config) as sandbox:
+        result = await sandbox.run("await noop()\nawait noop()", profile="p", run_id="durable",
+                                   bindings=tools)
+    assert result.error is None, result.error
+    log = SQLiteRunLog(str(database))
+    try:
+        assert await log.calls_in_run("durable") == 2
+    finally:
+        await log.aclose()

@@ -375,6 +375,8 @@ async def test_host_answers_only_the_exact_successor() -> None:
 def test_bootstrap_copies_of_protocol_constants_match() -> None:
     assert bootstrap.PROTOCOL_VERSION == protocol_limits.PROTOCOL_VERSION
     assert bootstrap.MAX_HOST_FRAME_BYTES == protocol_limits.MAX_HOST_FRAME_BYTES
+    assert bootstrap.MAX_CHILD_FRAME_BYTES == protocol_limits.MAX_CHILD_FRAME_BYTES
+    assert bootstrap.MAX_JSON_DEPTH == protocol_limits.MAX_JSON_DEPTH
     # The filename that marks the model's frames is not a path anything could also be named.
     assert bootstrap.PROGRAM_FILENAME.startswith("<") and bootstrap.PROGRAM_FILENAME.endswith(">")
 

@@ -165,12 +165,15 @@ class SubprocessBackend(Backend):
                 if process is not None:
                     await process.aclose()
                 await channel.aclose()
-            if lease is not None:
-                # Whatever still runs as this execution's uid escaped the tree: it dies before
-                # the uid can go to another execution.
-                kill_processes_of(lease.uid)
-                lease.release()
-            remove_tree(workspace)
+                # In a worker thread: a program can leave hundreds of thousands of files, and
+                # the event loop serves every other execution's clock meanwhile.
+                if lease is not None:
+                    if not self.namespaces & CLONE_NEWPID:
+                        # Without a pid namespace a process can leave the tree; whatever
+                        # still runs as this execution's uid dies before the uid is reused.
+                        await anyio.to_thread.run_sync(kill_processes_of, lease.uid)
+                    lease.release()
+                await anyio.to_thread.run_sync(remove_tree, workspace)
 
 
 class _Launched(Launched):

@@ -48,3 +48,10 @@ MAX_FRAMES_MARGIN = 16
 def max_return_value_bytes() -> int:
     """Largest return-value cap a configuration may set and still fit in one frame."""
     return (MAX_CHILD_FRAME_BYTES - RESULT_FRAME_OVERHEAD_BYTES) // JSON_STRING_ESCAPE_FACTOR
+
+
+#: Deepest JSON nesting a program may return or pass to a tool. The host's JSON parser stops
+#: at 200 levels and a value sits a few levels down inside its frame; the bootstrap refuses
+#: deeper data itself (as invalid output, or a TypeError in the program) rather than let an
+#: honest program's frame be taken for a protocol violation.
+MAX_JSON_DEPTH = 128

@@ -1,0 +1,28 @@
+"""Settings every test session shares, core and plugins alike."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_run_log() -> Iterator[None]:
+    # Runs that span executions are counted in a durable log; a test session keeps its own,
+    # so no test reads another session's counts (nor leaves any in the user's state dir).
+    directory = tempfile.mkdtemp(prefix="psych-test-runlog-")
+    previous = os.environ.get("PSYCH_SANDBOX_RUN_LOG")
+    os.environ["PSYCH_SANDBOX_RUN_LOG"] = os.path.join(directory, "run-log.sqlite")
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("PSYCH_SANDBOX_RUN_LOG", None)
+        else:
+            os.environ["PSYCH_SANDBOX_RUN_LOG"] = previous
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
