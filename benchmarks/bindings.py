@@ -61,6 +61,10 @@ return (time.perf_counter() - started) / {CALLS}
 """
 
 
+async def noop() -> None:
+    """The tool: async, as an agent runtime's tools are (plain functions run in a thread)."""
+
+
 async def binding_round_trip() -> float:
     config = DeploymentConfig(
         profiles={
@@ -71,7 +75,7 @@ async def binding_round_trip() -> float:
     )
     async with Sandbox(config) as sandbox:
         result = await sandbox.run(
-            PROGRAM, profile="bench", bindings=FunctionBindings({"noop": lambda: None})
+            PROGRAM, profile="bench", bindings=FunctionBindings({"noop": noop})
         )
     if result.error is not None:
         raise SystemExit(f"benchmark program failed: {result.error.message}")

@@ -10,6 +10,7 @@ pages a result too large to hand over whole through the blob store (paging.py).
 from __future__ import annotations
 
 import enum
+import functools
 import importlib.util
 import inspect
 import json
@@ -137,7 +138,11 @@ class FunctionBindings(BindingProvider):
                 signature.bind(**arguments)
             except TypeError as exc:
                 raise ToolCallError("invalid_arguments", f"{name}: {exc}") from None
-        value = function(**arguments)
+        if inspect.iscoroutinefunction(function):
+            return await function(**arguments)
+        # A plain function may block (I/O, a slow computation): it runs in a worker thread,
+        # so the event loop keeps every execution's wall clock and channel served.
+        value = await anyio.to_thread.run_sync(functools.partial(function, **arguments))
         if inspect.isawaitable(value):
             value = await value
         return value

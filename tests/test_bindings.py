@@ -315,7 +315,12 @@ async def test_cancelled_before_start_runs_nothing() -> None:
 async def test_cancelled_during_execution() -> None:
     cancel = anyio.Event()
     log = SQLiteRunLog()
-    provider = FunctionBindings({"ready": cancel.set})
+
+    async def ready() -> None:
+        # Async: it touches the event loop's own event (plain functions run in a thread).
+        cancel.set()
+
+    provider = FunctionBindings({"ready": ready})
     async with Sandbox(deployment(), run_log=log) as sandbox:
         result = await sandbox.run(
             "await ready()\nwhile True: pass",

@@ -114,3 +114,36 @@ def test_cli_refuses_a_timeout_that_is_not_a_finite_positive_number(
     value: str, tmp_path: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli_main(["run", "-", "--timeout", value]) == 2
+
+
+async def test_a_blocking_plain_function_tool_does_not_stall_other_executions() -> None:
+    import threading
+
+    import anyio
+
+    other_finished = threading.Event()
+
+    def wait_for_the_other() -> bool:
+        # Blocks this tool's caller; if it blocked the event loop, the other execution could
+        # never finish and this would give up after ten seconds.
+        return other_finished.wait(10)
+
+    tools = FunctionBindings({"wait_for_the_other": wait_for_the_other})
+    results = {}
+    async with Sandbox(config()) as sandbox:
+
+        async def blocked() -> None:
+            results["blocked"] = await sandbox.run(
+                "await wait_for_the_other()", profile=PROFILE, bindings=tools
+            )
+
+        async def other() -> None:
+            results["other"] = await sandbox.run("print('done')", profile=PROFILE)
+            other_finished.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(blocked)
+            tg.start_soon(other)
+    assert results["other"].error is None
+    assert results["blocked"].error is None, results["blocked"].error
+    assert results["blocked"].return_value is True
