@@ -23,3 +23,15 @@ def test_embedding_guide_example_runs_and_matches_its_claimed_output() -> None:
     claimed = re.search(r"What the loop sees:\n\n```\n(.*?)```", text, flags=re.S)
     assert claimed is not None
     assert transcript == claimed.group(1).strip().splitlines()
+
+
+def test_readme_configuration_example_loads(tmp_path: Path) -> None:
+    from psych_sandbox_core.config import resolve_config
+
+    readme = (DOCS.parent / "README.md").read_text()
+    (example,) = re.findall(r"```toml\n(.*?)```", readme, flags=re.S)
+    path = tmp_path / "deployment.toml"
+    path.write_text(example)
+    config = resolve_config(path)
+    profile = config.profiles["agents"]
+    assert profile.warm == 2 and profile.limits.cpu_seconds == 10
