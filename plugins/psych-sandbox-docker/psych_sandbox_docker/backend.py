@@ -2,7 +2,10 @@
 
 The container has no network, no capabilities, no new privileges, a read-only root with
 size-capped tmpfs mounts for the workspace and /tmp, a non-root identity, and memory and
-process-count limits. The only host path inside is a per-execution directory holding the
+process-count limits. On a root host that identity is a uid/gid leased for the execution
+(psych_sandbox_core.identity): runc maps no user namespace, so the container's uid is a host
+uid, and containers sharing one would share its process count and, for any host program
+under it, their /proc/<pid>/root. The only host path inside is a per-execution directory holding the
 control Unix socket. ``--init`` makes the engine's tiny init PID 1, so the program runs below
 it, where the CPU limit's signal still kills it. The container is removed at teardown
 whatever happened; its labels let a restarted host reap containers a crashed one left.
@@ -37,10 +40,18 @@ from psych_sandbox_core.backend import (
     Launched,
     LaunchRequest,
 )
+from psych_sandbox_core.backends.subprocess import kill_processes_of
 from psych_sandbox_core.channel import UnixSocketChannel
 from psych_sandbox_core.errors import ConfigurationError, ErrorKind
 from psych_sandbox_core.grading import Level, Mechanisms
 from psych_sandbox_core.host import child_environment
+from psych_sandbox_core.identity import (
+    DEFAULT_COUNT,
+    DEFAULT_FIRST_UID,
+    IdentityExhausted,
+    IdentityLease,
+    IdentityRange,
+)
 from psych_sandbox_core.process import ExitStatus
 from pydantic import Field, field_validator
 
@@ -49,7 +60,8 @@ from . import engine as eng
 from .image import DEFAULT_TAG
 
 MiB = 1024 * 1024
-#: The unprivileged identity inside the container (nobody/nogroup in the built image).
+#: The unprivileged identity a host that cannot lease one runs containers as (nobody/nogroup
+#: in the built image).
 NOBODY = 65534
 WORKSPACE = "/workspace"
 TMP = "/tmp"
@@ -107,6 +119,14 @@ class DockerOptions(BackendOptions):
     workspace_bytes: Size = 128 * MiB
     tmp_bytes: Size = 64 * MiB
     shm_bytes: Size = 16 * MiB
+    #: On a root host each container runs as a uid/gid of its own, leased per execution from
+    #: this range (a range no account uses).
+    identity_first_uid: Annotated[int, Field(ge=1000)] = DEFAULT_FIRST_UID
+    identity_count: Annotated[int, Field(ge=1, le=1 << 24)] = DEFAULT_COUNT
+    #: Setting container_uid/container_gid instead runs every container as that one
+    #: identity: weaker (see the README), only for hosts that cannot spare a range.
+    container_uid: Annotated[int, Field(ge=1, le=2**32 - 2)] | None = None
+    container_gid: Annotated[int, Field(ge=1, le=2**32 - 2)] | None = None
 
     @field_validator("image")
     @classmethod
@@ -154,6 +174,17 @@ class DockerBackend(Backend):
             api.EngineClient(self.socket_path) if self.socket_path is not None else None
         )
         self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        if (options.container_uid is None) != (options.container_gid is None):
+            raise ConfigurationError("container_uid and container_gid go together")
+        self.fixed_identity: tuple[int, int] | None = None
+        if options.container_uid is not None and options.container_gid is not None:
+            self.fixed_identity = (options.container_uid, options.container_gid)
+        #: Only a root host can lease (the lock directory is root's) and give the control
+        #: socket to the container's uid; a rootless one runs every container as nobody.
+        self.identities = IdentityRange(options.identity_first_uid, options.identity_count)
+        self.leases = self.is_root and self.fixed_identity is None
+        if self.leases:
+            self.identities.check()
         #: The host's copy of the interpreter the image is built from: the physical floor a
         #: benchmark compares against.
         self.interpreter = INTERPRETER if os.path.exists(INTERPRETER) else sys.executable
@@ -238,12 +269,14 @@ class DockerBackend(Backend):
         socket_dir: Path,
         channel_spec: str,
         cgroup_parent: str | None,
+        identity: tuple[int, int] = (NOBODY, NOBODY),
     ) -> dict[str, object]:
         """The engine API's container-create body for one execution (what ``docker run``'s
         hardening flags amount to)."""
         s = self.settings
         limits = request.limits
         runsc = s.runtime == "runsc"
+        uid, gid = identity
         host: dict[str, object] = {
             "NetworkMode": "none",
             "CapDrop": ["ALL"],
@@ -253,8 +286,8 @@ class DockerBackend(Backend):
             # Output goes through the attached stream only: nothing piles up in engine logs.
             "LogConfig": {"Type": "none", "Config": {}},
             "Tmpfs": {
-                WORKSPACE: f"rw,nosuid,nodev,size={s.workspace_bytes},uid={NOBODY},"
-                           f"gid={NOBODY},mode=0700",
+                WORKSPACE: f"rw,nosuid,nodev,size={s.workspace_bytes},uid={uid},"
+                           f"gid={gid},mode=0700",
                 TMP: f"rw,nosuid,nodev,noexec,size={s.tmp_bytes},mode=1777",
             },
             "ShmSize": s.shm_bytes,
@@ -286,7 +319,7 @@ class DockerBackend(Backend):
                 "probe=" + json.dumps(request.probe.as_json_object()),
             ],
             "Entrypoint": [],
-            "User": f"{NOBODY}:{NOBODY}",
+            "User": f"{uid}:{gid}",
             "Hostname": "sandbox",
             "WorkingDir": WORKSPACE,
             "Env": [f"{key}={value}" for key, value in environment.items()],
@@ -305,6 +338,29 @@ class DockerBackend(Backend):
     async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
         if self.client is None:
             raise BackendUnavailable(self.unavailable_reason() or "no container engine")
+        lease: IdentityLease | None = None
+        identity = self.fixed_identity or (NOBODY, NOBODY)
+        if self.leases:
+            try:
+                lease = self.identities.lease()
+            except IdentityExhausted as exc:
+                raise BackendUnavailable(str(exc)) from exc
+            identity = (lease.uid, lease.gid)
+        try:
+            async with self._launch(request, identity) as launched:
+                yield launched
+        finally:
+            if lease is not None:
+                # After the container's removal nothing should run as its uid; whatever does
+                # dies before the uid can go to another execution.
+                kill_processes_of(lease.uid)
+                lease.release()
+
+    @asynccontextmanager
+    async def _launch(
+        self, request: LaunchRequest, identity: tuple[int, int]
+    ) -> AsyncIterator[Launched]:
+        assert self.client is not None
         client = self.client
         owner = eng.current_owner()
         execution = uuid.uuid4().hex
@@ -321,11 +377,12 @@ class DockerBackend(Backend):
             os.chmod(socket_dir, 0o711)
             await channel.open(0o600 if self.is_root else 0o666)
             if self.is_root:
-                os.chown(channel.path, NOBODY, NOBODY)
+                os.chown(channel.path, *identity)
             body = self.create_request(
                 request, execution=execution, socket_dir=socket_dir,
                 channel_spec=channel.child_spec,
                 cgroup_parent=f"/{eng.CGROUP_ROOT}/{cgroup_name}" if measured else None,
+                identity=identity,
             )
             container = _Container(
                 self, client, channel, name,
