@@ -24,7 +24,17 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .artifacts import Collection, CollectionLimits, SkippedEntry, collect, sniff_content_type
+from .artifacts import (
+    COLLECTION_FAILURES,
+    ChannelCollector,
+    Collection,
+    CollectionLimits,
+    SkippedEntry,
+    channel_request,
+    collect,
+    collection_failure,
+    sniff_content_type,
+)
 from .blobstore import BlobAddress, BlobNotFound, BlobStore
 from .errors import SandboxError
 from .output import OutputPolicy, Preview, StreamCapture, make_preview
@@ -313,21 +323,74 @@ class Preserved:
     unavailable: str | None = None
 
 
+def _limits(policy: OutputPolicy) -> CollectionLimits:
+    return CollectionLimits(
+        per_file_bytes=policy.artifact_bytes,
+        total_bytes=policy.artifacts_total_bytes,
+        max_files=policy.max_artifacts,
+    )
+
+
 def collect_artifacts(context: OutputContext | None, workspace: str | None) -> Collection | None:
     """Collect the workspace's artifacts under the context's policy (blocking: run in a
-    worker thread). None when there is nothing to collect into or from."""
-    if context is None or workspace is None or not context.policy.collect_artifacts:
+    worker thread). None when no artifacts were asked for; a collection naming why when the
+    workspace cannot be reached (no path and nothing sent over the channel)."""
+    if context is None or not context.policy.collect_artifacts:
         return None
     policy = context.policy
-    return collect(
-        workspace,
-        CollectionLimits(
-            per_file_bytes=policy.artifact_bytes,
-            total_bytes=policy.artifacts_total_bytes,
-            max_files=policy.max_artifacts,
-        ),
-        folder=policy.artifacts_folder,
-    )
+    if workspace is None:
+        return collection_failure(policy.artifacts_folder, "unreachable")
+    return collect(workspace, _limits(policy), folder=policy.artifacts_folder)
+
+
+def artifact_collector(
+    context: OutputContext | None, workspace: str | None
+) -> ChannelCollector | Collection | None:
+    """For a backend that cannot hand its workspace to the host: a collector for the files
+    the child sends over the channel (or, for a folder no request can name, the collection
+    saying so). None when the host collects itself or no artifacts were asked for."""
+    if context is None or workspace is not None or not context.policy.collect_artifacts:
+        return None
+    policy = context.policy
+    request = channel_request(policy.artifacts_folder, _limits(policy))
+    if request is None:
+        result = Collection()
+        result.skip(str(policy.artifacts_folder)[:200], "unsafe_name")
+        return result
+    return ChannelCollector(request)
+
+
+def collection_problem(skipped: list[SkippedEntry]) -> str | None:
+    """Why nothing (or not everything) could be collected, when the collection says so."""
+    for entry in skipped:
+        # unreachable and interrupted are the host's own words; unreadable and changed speak
+        # for the whole collection only when they name the workspace itself.
+        if entry.reason in ("unreachable", "interrupted") or (
+            entry.path == "." and entry.reason in COLLECTION_FAILURES
+        ):
+            return COLLECTION_FAILURES[entry.reason]
+    return None
+
+
+def export_note(
+    written: int, directory: str, skipped: list[SkippedEntry], skipped_unlisted: int,
+    withheld: str | None = None,
+) -> str:
+    """What the CLI says after ``--artifacts``: never a bare "wrote 0"."""
+    if written:
+        return f"wrote {written} artifact(s) to {directory}"
+    if withheld is not None:
+        return f"no artifacts written to {directory}: {withheld}"
+    problem = collection_problem(skipped)
+    if problem is not None:
+        return f"no artifacts could be collected: {problem}"
+    if skipped or skipped_unlisted:
+        count = len(skipped) + skipped_unlisted
+        return (
+            f"no artifacts written to {directory}: all {count} entries in the workspace were "
+            "skipped (listed above)"
+        )
+    return f"no artifacts written to {directory}: the program left no files to collect"
 
 
 def stream_info(

@@ -22,8 +22,14 @@ from typing import Any
 import anyio
 from anyio.abc import ByteReceiveStream, Listener, SocketStream
 
-from .artifacts import Collection
-from .attachments import OutputContext, collect_artifacts, preserve, unavailable_failure
+from .artifacts import ChannelCollector, Collection, collection_failure
+from .attachments import (
+    OutputContext,
+    artifact_collector,
+    collect_artifacts,
+    preserve,
+    unavailable_failure,
+)
 from .backend import Backend, BackendUnavailable, Launched, LaunchRequest, ProbeTargets
 from .bindings import BindingProvider, CallServer, ToolSpec
 from .channel import FrameChannel
@@ -34,6 +40,8 @@ from .process import ExitStatus
 from .protocol import (
     PROTOCOL_VERSION,
     AbortFrame,
+    ArtifactFrame,
+    ArtifactSkippedFrame,
     CallFrame,
     ChildLimits,
     HelloFrame,
@@ -105,6 +113,13 @@ class _State:
     cancelled: bool = False
     hello: HelloFrame | None = None
     startup_failure: str | None = None
+    #: Files sent over the channel, when the run frame asked the child for them.
+    artifacts: ChannelCollector | None = None
+    #: What stands for the artifacts when no collection could even be asked for.
+    artifacts_refused: Collection | None = None
+    #: The channel, kept past the result of a collecting run: once every process is gone it
+    #: is read to its end, and a frame after the result is a protocol violation.
+    after_result: FrameChannel | None = None
 
 
 class ProbeHarness:
@@ -240,6 +255,8 @@ async def run_child(
                 stderr = StreamCapture(plan.limits.stderr_bytes)
                 status = await _supervise(launched, plan, state, stdout, stderr, harness, prepared)
                 if state.ran:
+                    collection = _channel_collection(plan, state)
+                if state.ran and collection is None:
                     # The program has ended and its workspace still exists: collect now.
                     collection = await anyio.to_thread.run_sync(
                         collect_artifacts, plan.output, launched.workspace_path
@@ -357,8 +374,40 @@ async def _supervise(
                 with anyio.move_on_after(DRAIN_AFTER_EXIT_SECONDS):
                     for event in drained:
                         await event.wait()
+                    await _nothing_after_result(state)
                 drains.cancel_scope.cancel()
+                if state.after_result is not None:
+                    await state.after_result.aclose()
+                    state.after_result = None
     return status
+
+
+async def _nothing_after_result(state: _State) -> None:
+    """Read a collecting run's channel to its end: its writers are gone, so this ends at
+    once, and any frame after the result is a violation (files sent late are not taken)."""
+    channel = state.after_result
+    if channel is None:
+        return
+    try:
+        frame = await channel.receive()
+    except ProtocolViolation as exc:
+        state.violation = state.violation or f"after the result: {exc}"
+        return
+    if frame is not None:
+        state.violation = state.violation or f"a {frame.type!r} frame after the result"
+
+
+def _channel_collection(plan: ExecutionPlan, state: _State) -> Collection | None:
+    """What a collection over the channel produced, or None when the host walks the
+    workspace itself."""
+    if state.artifacts_refused is not None:
+        return state.artifacts_refused
+    if state.artifacts is None:
+        return None
+    if state.result is None or state.violation is not None or state.cancelled:
+        # Nothing the child sent is kept unless it got all the way to an accepted result.
+        return collection_failure(state.artifacts.request.folder, "interrupted")
+    return state.artifacts.collection()
 
 
 async def _handshake(
@@ -449,6 +498,11 @@ async def _converse(
         # Fixed before the program can run: anything counted beyond this came from it. The
         # child's own report is taken too, since the count may lag the probe's connections.
         state.probe_connections = max(harness.connections, _reported_connections(hello))
+        wanted = artifact_collector(plan.output, launched.workspace_path)
+        if isinstance(wanted, ChannelCollector):
+            state.artifacts = wanted
+        elif wanted is not None:
+            state.artifacts_refused = wanted
         await channel.send(
             RunFrame(
                 source=plan.source,
@@ -460,6 +514,7 @@ async def _converse(
                     processes=plan.limits.processes,
                     return_value_bytes=plan.limits.return_value_bytes,
                 ),
+                artifacts=None if state.artifacts is None else state.artifacts.request,
             )
         )
         state.ran = True
@@ -469,11 +524,23 @@ async def _converse(
                 if frame is None:
                     return
                 if isinstance(frame, CallFrame):
+                    if state.artifacts is not None and state.artifacts.started:
+                        raise ProtocolViolation("a call after the program's files were sent")
                     await channel.send(await calls.answer(frame))
                 elif isinstance(frame, ResultFrame):
+                    if state.artifacts is not None:
+                        state.artifacts.at_result()
                     _check_result(frame, plan.limits.return_value_bytes)
                     state.result = frame
+                    if state.artifacts is not None:
+                        state.after_result, channel = channel, None
                     return
+                elif isinstance(frame, (ArtifactFrame, ArtifactSkippedFrame)):
+                    if state.artifacts is None:
+                        raise ProtocolViolation(
+                            f"an {frame.type!r} frame, but the host asked for no files"
+                        )
+                    state.artifacts.receive(frame)
                 else:
                     raise ProtocolViolation(f"unexpected {frame.type!r} frame after the handshake")
         finally:
@@ -481,8 +548,9 @@ async def _converse(
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         return  # the child went away; its exit status says how
     finally:
-        with anyio.CancelScope(shield=True):
-            await channel.aclose()
+        if channel is not None:  # None: kept for _nothing_after_result
+            with anyio.CancelScope(shield=True):
+                await channel.aclose()
 
 
 def _check_result(frame: ResultFrame, cap: int) -> None:

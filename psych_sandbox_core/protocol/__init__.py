@@ -3,6 +3,9 @@
 from .codec import decode_child_frame, decode_host_frame, encode_host_frame
 from .frames import (
     AbortFrame,
+    ArtifactFrame,
+    ArtifactRequest,
+    ArtifactSkippedFrame,
     CallFrame,
     ChildFrame,
     ChildLimits,
@@ -21,6 +24,9 @@ from .limits import PROTOCOL_VERSION
 __all__ = [
     "PROTOCOL_VERSION",
     "AbortFrame",
+    "ArtifactFrame",
+    "ArtifactRequest",
+    "ArtifactSkippedFrame",
     "CallFrame",
     "ChildFrame",
     "ChildLimits",

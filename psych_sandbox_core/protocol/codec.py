@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from typing import Any
 
@@ -78,3 +80,19 @@ def _refuse_non_finite(value: Any) -> None:
 def decode_host_frame(line: bytes) -> HostFrame:
     """Parse a host frame (used by tests and by peers that speak the host's side)."""
     return _HOST_FRAMES.validate_json(line, strict=True)
+
+
+def decode_chunk(data: str) -> bytes:
+    """The bytes of an artifact chunk's base64 text, or ProtocolViolation. The frame model
+    already bounded its length, so this never decodes more than one chunk."""
+    if len(data) % 4:
+        raise ProtocolViolation("an artifact chunk is not base64 (length not a multiple of 4)")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolViolation(f"an artifact chunk is not base64: {exc}") from None
+
+
+def chunk_size_at_least(data: str) -> int:
+    """The fewest bytes ``data`` can decode to (padding aside), known before decoding."""
+    return max(0, len(data) // 4 * 3 - 2)

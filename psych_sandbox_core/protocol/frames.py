@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .limits import (
+    ARTIFACT_CHUNK_BASE64_CHARS,
+    MAX_ARTIFACT_PATH_CHARS,
     MAX_CALL_ID,
     MAX_SOURCE_BYTES,
     MAX_TEXT_CHARS,
@@ -107,7 +109,44 @@ class ResultFrame(Frame):
     detail: Text | None
 
 
-ChildFrame = Annotated[HelloFrame | CallFrame | ResultFrame, Field(discriminator="type")]
+ArtifactPath = Annotated[str, Field(min_length=1, max_length=MAX_ARTIFACT_PATH_CHARS)]
+
+
+class ArtifactFrame(Frame):
+    """One chunk of a file the program left in its workspace (sent only when the run frame
+    asked for a collection, after the program ended and before the result)."""
+
+    type: Literal["artifact"]
+    #: Relative to the workspace, "/"-separated; the host checks it component by component.
+    path: ArtifactPath
+    #: Where this chunk starts in the file: consecutive, from 0.
+    offset: Annotated[int, Field(ge=0, le=MAX_CALL_ID)]
+    #: The chunk's bytes as base64; every chunk but the last holds ARTIFACT_CHUNK_BYTES.
+    data: Annotated[str, Field(max_length=ARTIFACT_CHUNK_BASE64_CHARS)]
+    #: Whether this chunk ends the file.
+    last: bool
+
+
+SkipReason = Literal[
+    "symlink", "hard_link", "fifo", "socket", "device", "not_regular", "too_large",
+    "total_cap", "too_many", "too_deep", "changed", "vanished", "other_filesystem",
+    "unsafe_name", "unreadable", "entry_limit",
+]
+
+
+class ArtifactSkippedFrame(Frame):
+    """An entry of the workspace the child did not send, and why. Naming the file whose
+    chunks are being sent abandons it (it changed or could not be read to the end)."""
+
+    type: Literal["artifact_skipped"]
+    path: ArtifactPath
+    reason: SkipReason
+
+
+ChildFrame = Annotated[
+    HelloFrame | CallFrame | ResultFrame | ArtifactFrame | ArtifactSkippedFrame,
+    Field(discriminator="type"),
+]
 
 # ---------------------------------------------------------------- host -> child
 
@@ -122,11 +161,24 @@ class ChildLimits(Frame):
     return_value_bytes: int
 
 
+class ArtifactRequest(Frame):
+    """Which files the child should send back, and the caps the host will enforce anyway.
+    Only set when the backend cannot hand the workspace to the host."""
+
+    #: A folder relative to the workspace, normalized; "" means the whole workspace.
+    folder: Annotated[str, Field(max_length=MAX_ARTIFACT_PATH_CHARS)]
+    max_files: Annotated[int, Field(ge=1, le=2**31)]
+    file_bytes: Annotated[int, Field(ge=1, le=MAX_CALL_ID)]
+    total_bytes: Annotated[int, Field(ge=1, le=MAX_CALL_ID)]
+
+
 class RunFrame(Frame):
     type: Literal["run"] = "run"
     source: Annotated[str, Field(max_length=MAX_SOURCE_BYTES)]
     tools: Annotated[list[ToolName], Field(max_length=MAX_TOOLS)]
     limits: ChildLimits
+    #: Send the workspace's files before the result (None: the host collects, or nobody).
+    artifacts: ArtifactRequest | None = None
 
 
 class AbortFrame(Frame):

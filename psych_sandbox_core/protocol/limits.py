@@ -55,3 +55,19 @@ def max_return_value_bytes() -> int:
 #: deeper data itself (as invalid output, or a TypeError in the program) rather than let an
 #: honest program's frame be taken for a protocol violation.
 MAX_JSON_DEPTH = 128
+
+
+#: Raw bytes in one artifact frame. A file travels as consecutive chunks of exactly this size
+#: (the last may be shorter), so a child cannot make the host handle millions of tiny frames
+#: for one file; 1 MiB encodes to about 1.4 MB of base64, far under the child frame ceiling.
+ARTIFACT_CHUNK_BYTES = 1024 * 1024
+#: The base64 length of a full chunk: the field's bound, checked before anything is decoded.
+ARTIFACT_CHUNK_BASE64_CHARS = 4 * ((ARTIFACT_CHUNK_BYTES + 2) // 3)
+#: Longest artifact path, in characters: Linux's PATH_MAX. Deeper trees are skipped anyway.
+MAX_ARTIFACT_PATH_CHARS = 4096
+#: Directory entries the child examines when it sends its workspace's files, and so the most
+#: artifact paths it may name (plus the folder itself and the entry that hit the limit). The
+#: same number bounds the host's own walk (artifacts.MAX_ENTRIES).
+MAX_ARTIFACT_ENTRIES = 10_000
+#: Deepest directory either walk enters below the collected folder.
+MAX_ARTIFACT_DEPTH = 32
