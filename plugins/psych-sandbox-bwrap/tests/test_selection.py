@@ -132,24 +132,63 @@ def _test_user() -> tuple[int, int]:
 
 
 def _as_user_argv(program: str) -> list[str]:
-    packages = sysconfig.get_paths()["purelib"]
-    return [SYSTEM_PYTHON, "-I", str(HERE / "as_user.py"), packages, program]
+    staged = _staged_environment()
+    return [SYSTEM_PYTHON, "-I", str(staged / "as_user.py"), str(staged / "site"), program]
 
 
-def _reachable(path: Path) -> bool:
-    """Whether any uid can read ``path``."""
-    return bool(os.stat(path).st_mode & 0o004) and all(
-        os.stat(p).st_mode & 0o001 for p in path.parents
-    )
+_STAGED: list[Path] = []
+#: Test-only tools the as-user script never imports: left out of the staged copy.
+_NOT_NEEDED = ("mypy", "mypyc", "hypothesis", "ruff", "_pytest", "pytest", "trio", "pip")
+
+
+def _staged_environment() -> Path:
+    """The script and the packages it imports, copied where any uid can read them.
+
+    The checkout (and the venv inside it) may live below a directory other users cannot
+    enter, such as /root; the test must not depend on where it was cloned.
+    """
+    if _STAGED:
+        return _STAGED[0]
+    import atexit
+    import shutil
+
+    root = Path(tempfile.mkdtemp(prefix="psych-as-user-"))
+    atexit.register(shutil.rmtree, root, True)
+    site = root / "site"
+    packages = Path(sysconfig.get_paths()["purelib"])
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        if Path(directory) != packages:
+            return {n for n in names if n == "__pycache__"}
+        return {
+            n for n in names
+            if n.endswith(".pth")
+            or n.split("-")[0].split(".")[0] in _NOT_NEEDED
+            or n.startswith(("psych_sandbox_docker", "psych_sandbox_example"))
+        }
+
+    shutil.copytree(packages, site, ignore=ignore)
+    # The project's own packages are editable installs pointing into the checkout: copy the
+    # packages themselves beside their metadata (whose entry points discovery reads).
+    import psych_sandbox_core
+
+    import psych_sandbox_bwrap
+
+    for module in (psych_sandbox_core, psych_sandbox_bwrap):
+        source = Path(module.__file__ or "").parent
+        shutil.copytree(source, site / source.name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(HERE / "as_user.py", root / "as_user.py")
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    _STAGED.append(root)
+    return root
 
 
 @needs_root
 def test_works_as_an_unprivileged_host_user() -> None:
     uid, gid = _test_user()
-    if not _reachable(HERE / "as_user.py") or not Path(SYSTEM_PYTHON).exists():
-        skip_unless_required(
-            BWRAP_ROOT, "the test files or a system python are not reachable by another user"
-        )
+    if not Path(SYSTEM_PYTHON).exists():
+        skip_unless_required(BWRAP_ROOT, f"no system interpreter {SYSTEM_PYTHON}")
     mark = marker()
     program = (
         "import os, subprocess, sys\n"
@@ -192,10 +231,8 @@ def test_trial_fails_where_user_namespaces_are_forbidden() -> None:
     """Real bwrap, under a user namespace whose limit on further user namespaces is 0 (set in
     that namespace only, so nothing else on the host is affected)."""
     uid, gid = _test_user()
-    if not _reachable(HERE / "as_user.py") or not Path(SYSTEM_PYTHON).exists():
-        skip_unless_required(
-            BWRAP_ROOT, "the test files or a system python are not reachable by another user"
-        )
+    if not Path(SYSTEM_PYTHON).exists():
+        skip_unless_required(BWRAP_ROOT, f"no system interpreter {SYSTEM_PYTHON}")
     libc = ctypes.CDLL(None, use_errno=True)
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
