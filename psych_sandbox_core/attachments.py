@@ -41,7 +41,7 @@ from .output import OutputPolicy, Preview, StreamCapture, make_preview
 from .pattern_search import SearchResult, search_bytes
 
 if TYPE_CHECKING:
-    from .result import ExecutionFailure, StreamOutput
+    from .result import ExecutionFailure, ExecutionResult, StreamOutput
 
 #: Largest window one read returns; a reader pages through anything larger.
 MAX_WINDOW_BYTES = 1024 * 1024
@@ -372,23 +372,25 @@ def collection_problem(skipped: list[SkippedEntry]) -> str | None:
     return None
 
 
-def export_note(
-    written: int, directory: str, skipped: list[SkippedEntry], skipped_unlisted: int,
-    withheld: str | None = None,
-) -> str:
+def export_note(written: int, directory: str, result: ExecutionResult) -> str:
     """What the CLI says after ``--artifacts``: never a bare "wrote 0"."""
+    from .errors import ErrorKind
+
     if written:
         return f"wrote {written} artifact(s) to {directory}"
-    if withheld is not None:
-        return f"no artifacts written to {directory}: {withheld}"
-    problem = collection_problem(skipped)
+    error = result.error
+    if error is not None and error.kind in (
+        ErrorKind.ISOLATION_UNAVAILABLE, ErrorKind.NETWORK_NOT_ALLOWED
+    ):
+        return f"no artifacts written to {directory}: the output was withheld ({error.kind.value})"
+    problem = collection_problem(result.skipped_artifacts)
     if problem is not None:
         return f"no artifacts could be collected: {problem}"
-    if skipped or skipped_unlisted:
-        count = len(skipped) + skipped_unlisted
+    count = len(result.skipped_artifacts) + result.skipped_artifacts_unlisted
+    if count:
         return (
-            f"no artifacts written to {directory}: all {count} entries in the workspace were "
-            "skipped (listed above)"
+            f"no artifacts written to {directory}: all {count} entries found were skipped "
+            "(listed above)"
         )
     return f"no artifacts written to {directory}: the program left no files to collect"
 

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from .artifacts import ArtifactExportError
-from .attachments import export_artifacts, summary_lines
+from .attachments import export_artifacts, export_note, summary_lines
 from .bindings import load_function_tools
 from .blobstore import FilesystemBlobStore
 from .doctor import command_doctor, command_profiles
@@ -138,7 +138,7 @@ async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory:
     )
     for path in partial:
         print(f"psych-sandbox: {path}: only a preview was kept; not written", file=sys.stderr)
-    print(f"psych-sandbox: wrote {len(written)} artifact(s) to {directory}", file=sys.stderr)
+    print(f"psych-sandbox: {export_note(len(written), directory, result)}", file=sys.stderr)
 
 
 def result_as_json(result: ExecutionResult) -> dict[str, Any]:

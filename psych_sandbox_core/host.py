@@ -394,7 +394,7 @@ async def _nothing_after_result(state: _State) -> None:
         state.violation = state.violation or f"after the result: {exc}"
         return
     if frame is not None:
-        state.violation = state.violation or f"a {frame.type!r} frame after the result"
+        state.violation = state.violation or f"a frame of type {frame.type!r} after the result"
 
 
 def _channel_collection(plan: ExecutionPlan, state: _State) -> Collection | None:
@@ -538,7 +538,7 @@ async def _converse(
                 elif isinstance(frame, (ArtifactFrame, ArtifactSkippedFrame)):
                     if state.artifacts is None:
                         raise ProtocolViolation(
-                            f"an {frame.type!r} frame, but the host asked for no files"
+                            f"a frame of type {frame.type!r}, but the host asked for no files"
                         )
                     state.artifacts.receive(frame)
                 else:
