@@ -17,6 +17,7 @@ import errno
 import fcntl
 import os
 import pwd
+import signal
 import stat
 import tempfile
 from dataclasses import dataclass, field
@@ -43,7 +44,10 @@ class IdentityLease:
     _fd: int = field(repr=False)
 
     def release(self) -> None:
+        """Give the uid back. Call only once nothing runs under it any more."""
         if self._fd >= 0:
+            # An empty lock file tells the next holder the uid was handed back clean.
+            os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing drops the flock
             self._fd = -1
 
@@ -78,10 +82,43 @@ class IdentityRange:
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                     continue
                 raise
+            if os.fstat(fd).st_size:
+                # The last holder died without handing the uid back (a crashed host): whatever
+                # it left running under this uid goes before the uid is used again.
+                kill_processes_of(uid)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
             return IdentityLease(uid, uid, fd)
         raise IdentityExhausted(
             f"all {self.count} identities from {self.first} are in use by running executions"
         )
+
+
+def kill_processes_of(uid: int) -> None:
+    """SIGKILL every process any of whose uids is ``uid``, until none is left."""
+    for _ in range(100):
+        victims = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                # The status file, not the directory's owner: a process that made itself
+                # undumpable hands its /proc directory to root, but not its uids.
+                with open(f"/proc/{entry}/status") as fh:
+                    for line in fh:
+                        if line.startswith("Uid:"):
+                            if str(uid) in line.split()[1:]:
+                                victims.append(int(entry))
+                            break
+            except OSError:
+                continue
+        if not victims:
+            return
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _lock_directory() -> str:

@@ -7,6 +7,7 @@ import os
 import pwd
 import textwrap
 from functools import partial
+from pathlib import Path
 
 import anyio
 import pytest
@@ -15,6 +16,9 @@ from psych_sandbox_core import ConfigurationError, Sandbox
 from psych_sandbox_core.identity import IdentityRange
 
 from .conftest import PROFILE, config, marker, pids_with, wait_for_pids
+
+#: An interpreter any uid can run (the test's own may live below a private directory).
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 pytestmark = [
     pytest.mark.anyio,
@@ -145,3 +149,40 @@ async def test_a_profile_whose_range_holds_an_account_fails_at_load() -> None:
     with pytest.raises(ConfigurationError, match="identity range"):
         async with Sandbox(config(options=options)) as sandbox:
             await sandbox.run("1", profile=PROFILE)
+
+
+async def test_a_uid_a_crashed_host_never_handed_back_is_cleared_before_reuse() -> None:
+    import random
+    import subprocess
+
+    from psych_sandbox_core.identity import _lock_directory
+
+    uid = 1_900_000_000 + random.randrange(1_000_000)
+    mark = marker()
+    # What a host that died mid-execution leaves: a process still running under the uid, and
+    # a lock file that was never emptied (nobody holds its lock any more).
+    straggler = subprocess.Popen(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+         SYSTEM_PYTHON, "-c", "import time; time.sleep(60)", mark],
+        cwd="/",
+    )
+    lock_file = os.path.join(_lock_directory(), str(uid))
+    try:
+        (pid,) = await wait_for_pids(mark, present=True)
+        # Really running under the uid (not a setpriv that failed to exec).
+        with anyio.fail_after(10):
+            while uids_of(pid)[0] != uid or "python" not in Path(f"/proc/{pid}/comm").read_text():
+                await anyio.sleep(0.01)
+        with open(lock_file, "w") as fh:
+            fh.write("424242\n")
+        lease = IdentityRange(first=uid, count=1).lease()
+        try:
+            assert lease.uid == uid
+            assert pids_with(mark) == []
+        finally:
+            lease.release()
+        assert os.path.getsize(lock_file) == 0  # handed back clean
+    finally:
+        straggler.kill()
+        straggler.wait()
+        os.unlink(lock_file)

@@ -13,7 +13,6 @@ import ctypes
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from ..identity import (
     IdentityExhausted,
     IdentityLease,
     IdentityRange,
+    kill_processes_of,
 )
 from ..process import ExitStatus, ManagedProcess
 from ..workspace import create_workspace, remove_tree
@@ -197,33 +197,6 @@ class _Launched(Launched):
 
 
 # ---------------------------------------------------------------- interpreter resolution
-
-
-def kill_processes_of(uid: int) -> None:
-    """SIGKILL every process whose real uid is ``uid`` until none is left."""
-    for _ in range(100):
-        victims = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                # The status file, not the directory's owner: a process that made itself
-                # undumpable hands its /proc directory to root, but not its uids.
-                with open(f"/proc/{entry}/status") as fh:
-                    for line in fh:
-                        if line.startswith("Uid:"):
-                            if str(uid) in line.split()[1:]:
-                                victims.append(int(entry))
-                            break
-            except OSError:
-                continue
-        if not victims:
-            return
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def resolve_interpreter(configured: str | None, drops_identity: bool) -> str:

@@ -44,7 +44,6 @@ from psych_sandbox_core.backend import (
     Launched,
     LaunchRequest,
 )
-from psych_sandbox_core.backends.subprocess import kill_processes_of
 from psych_sandbox_core.channel import InheritedSocketChannel
 from psych_sandbox_core.errors import ConfigurationError, ErrorKind, InterpreterNotFoundError
 from psych_sandbox_core.grading import Level, Mechanisms
@@ -55,6 +54,7 @@ from psych_sandbox_core.identity import (
     IdentityExhausted,
     IdentityLease,
     IdentityRange,
+    kill_processes_of,
 )
 from psych_sandbox_core.process import ExitStatus, ManagedProcess
 from pydantic import Field

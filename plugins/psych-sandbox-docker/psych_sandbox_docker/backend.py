@@ -40,7 +40,6 @@ from psych_sandbox_core.backend import (
     Launched,
     LaunchRequest,
 )
-from psych_sandbox_core.backends.subprocess import kill_processes_of
 from psych_sandbox_core.channel import UnixSocketChannel
 from psych_sandbox_core.errors import ConfigurationError, ErrorKind
 from psych_sandbox_core.grading import Level, Mechanisms
@@ -51,6 +50,7 @@ from psych_sandbox_core.identity import (
     IdentityExhausted,
     IdentityLease,
     IdentityRange,
+    kill_processes_of,
 )
 from psych_sandbox_core.process import ExitStatus
 from pydantic import Field, field_validator
