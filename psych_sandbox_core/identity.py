@@ -17,10 +17,14 @@ import errno
 import fcntl
 import os
 import pwd
+import select
 import signal
 import stat
 import tempfile
+import time
 from dataclasses import dataclass, field
+
+import anyio
 
 from .errors import ConfigurationError
 
@@ -42,6 +46,24 @@ class IdentityLease:
     uid: int
     gid: int
     _fd: int = field(repr=False)
+
+    async def retire(self, *, sweep: bool = True) -> None:
+        """Kill whatever still runs under the uid, then give it back; shielded from
+        cancellation, since an execution's teardown must finish. A uid whose processes will
+        not die stays leased (and marked unclean for the next holder) rather than be shared.
+
+        ``sweep=False`` where a pid namespace held the whole tree: its end killed everything,
+        and scanning every process on the host would only cost time.
+        """
+        if not sweep:
+            self.release()
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(kill_processes_of, self.uid)
+            except OSError:
+                return
+            self.release()
 
     def release(self) -> None:
         """Give the uid back. Call only once nothing runs under it any more."""
@@ -94,31 +116,73 @@ class IdentityRange:
         )
 
 
-def kill_processes_of(uid: int) -> None:
-    """SIGKILL every process any of whose uids is ``uid``, until none is left."""
-    for _ in range(100):
-        victims = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                # The status file, not the directory's owner: a process that made itself
-                # undumpable hands its /proc directory to root, but not its uids.
-                with open(f"/proc/{entry}/status") as fh:
-                    for line in fh:
-                        if line.startswith("Uid:"):
-                            if str(uid) in line.split()[1:]:
-                                victims.append(int(entry))
-                            break
-            except OSError:
-                continue
+def kill_processes_of(uid: int, *, seconds: float = 5.0) -> None:
+    """SIGKILL every live process any of whose uids is ``uid``, and wait until they are dead.
+
+    Blocking: call it from a worker thread. Each victim is held by a pidfd, so its death is
+    waited on, never polled for, and a recycled pid is never signalled.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        victims = _processes_of(uid)
         if not victims:
             return
+        if time.monotonic() > deadline:
+            raise OSError(f"processes of uid {uid} survived SIGKILL for {seconds:g} s: {victims}")
+        handles = []
         for pid in victims:
             try:
-                os.kill(pid, signal.SIGKILL)
+                handle = os.pidfd_open(pid)
+            except OSError:
+                continue  # already gone
+            try:
+                signal.pidfd_send_signal(handle, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            handles.append(handle)
+        try:
+            poller = select.poll()
+            for handle in handles:
+                poller.register(handle, select.POLLIN)
+            pending = len(handles)
+            while pending and time.monotonic() < deadline:
+                ready = poller.poll(max(1, int((deadline - time.monotonic()) * 1000)))
+                for handle, _ in ready:
+                    poller.unregister(handle)
+                    pending -= 1
+        finally:
+            for handle in handles:
+                os.close(handle)
+
+
+def _processes_of(uid: int) -> list[int]:
+    victims = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            # The status file, not the directory's owner: a process that made itself
+            # undumpable hands its /proc directory to root, but not its uids.
+            with open(f"/proc/{entry}/status") as fh:
+                status = fh.read()
+        except OSError:
+            continue
+        if _runs_as(status, uid):
+            victims.append(int(entry))
+    return victims
+
+
+def _runs_as(status: str, uid: int) -> bool:
+    """Whether a /proc status text is a live process with ``uid`` among its uids. A zombie
+    is already dead (it only waits for its parent to reap it) and cannot be killed again."""
+    state = uids = ""
+    for line in status.splitlines():
+        if line.startswith("State:"):
+            state = line.split()[1] if len(line.split()) > 1 else ""
+        elif line.startswith("Uid:"):
+            uids = line
+            break
+    return state not in ("Z", "X") and str(uid) in uids.split()[1:]
 
 
 def _lock_directory() -> str:

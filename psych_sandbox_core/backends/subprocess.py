@@ -37,7 +37,6 @@ from ..identity import (
     IdentityExhausted,
     IdentityLease,
     IdentityRange,
-    kill_processes_of,
 )
 from ..process import ExitStatus, ManagedProcess
 from ..workspace import create_workspace, remove_tree
@@ -168,11 +167,9 @@ class SubprocessBackend(Backend):
                 # In a worker thread: a program can leave hundreds of thousands of files, and
                 # the event loop serves every other execution's clock meanwhile.
                 if lease is not None:
-                    if not self.namespaces & CLONE_NEWPID:
-                        # Without a pid namespace a process can leave the tree; whatever
-                        # still runs as this execution's uid dies before the uid is reused.
-                        await anyio.to_thread.run_sync(kill_processes_of, lease.uid)
-                    lease.release()
+                    # Whatever still runs as this execution's uid (without a pid namespace a
+                    # process can leave the tree) dies before the uid is reused.
+                    await lease.retire(sweep=not self.namespaces & CLONE_NEWPID)
                 await anyio.to_thread.run_sync(remove_tree, workspace)
 
 

@@ -50,7 +50,6 @@ from psych_sandbox_core.identity import (
     IdentityExhausted,
     IdentityLease,
     IdentityRange,
-    kill_processes_of,
 )
 from psych_sandbox_core.process import ExitStatus
 from pydantic import Field, field_validator
@@ -353,8 +352,7 @@ class DockerBackend(Backend):
             if lease is not None:
                 # After the container's removal nothing should run as its uid; whatever does
                 # dies before the uid can go to another execution.
-                kill_processes_of(lease.uid)
-                lease.release()
+                await lease.retire()
 
     @asynccontextmanager
     async def _launch(
