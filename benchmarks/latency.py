@@ -5,8 +5,8 @@ measured in the same run, interleaved with the measurements so both see the same
 For each available backend it prints:
 
 - cold: every execution launches its child from nothing;
-- warm: a profile with `warm = 1`, at low load (a pause between executions lets the next
-  child get ready) — each child still runs exactly one program;
+- warm: a profile with `warm = 1`, at low load (each execution starts once the next child is
+  ready, waited for, not guessed) — each child still runs exactly one program;
 - sustained: the same warm profile driven back to back, as executions per second;
 - where a backend names one (`bare_command()`), the bare equivalent of its own start-up
   (e.g. `docker run` of the same image) measured in the same run.
@@ -30,8 +30,6 @@ from psych_sandbox_core.registry import BackendRegistry
 from psych_sandbox_core.sandbox import trial
 
 PROGRAM = "print(2+2)"
-#: Pause between warm executions so the replacement child is ready: "low load".
-LOW_LOAD_PAUSE_SECONDS = 0.1
 
 
 def time_command(argv: Sequence[str]) -> float:
@@ -67,7 +65,7 @@ async def measure(backend_id: str, runs: int) -> None:
         for _ in range(runs):
             floor.append(time_command(floor_argv))
             cold.append(await time_run(sandbox, "cold"))
-            await anyio.sleep(LOW_LOAD_PAUSE_SECONDS)
+            await sandbox.warmed("warm")  # low load: the next child is ready
             warm.append(await time_run(sandbox, "warm"))
             if bare_command is not None:
                 bare.append(time_command(bare_command()))

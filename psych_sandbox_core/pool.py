@@ -64,6 +64,14 @@ class WarmPool:
         self._task_group = task_group
         self._ready: deque[_Slot] = deque()
         self._preparing = 0
+        self._became_ready = anyio.Event()
+
+    async def wait_ready(self) -> None:
+        """Return once a prepared child is waiting (refilling first if none is on its way)."""
+        self.refill()
+        while not self._ready:
+            event = self._became_ready
+            await event.wait()
 
     def refill(self) -> None:
         """Start preparing children until ``size`` are ready or on their way."""
@@ -107,6 +115,8 @@ class WarmPool:
             self._preparing -= 1
             announced = True
             self._ready.append(slot)
+            self._became_ready.set()
+            self._became_ready = anyio.Event()
             return await slot.wait_for_plan()
 
         try:

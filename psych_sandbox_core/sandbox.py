@@ -201,6 +201,13 @@ class Sandbox:
             return await pool.run(plan)
         return await execute(loaded.backend, plan)
 
+    async def warmed(self, profile: str) -> None:
+        """Wait until ``profile`` has a prepared child waiting for its program (at once when
+        the profile keeps none warm, or outside ``async with``)."""
+        pool = self._pool(await self._load(profile))
+        if pool is not None:
+            await pool.wait_ready()
+
     def _pool(self, loaded: _LoadedProfile) -> WarmPool | None:
         if loaded.config.warm == 0 or self._task_group is None:
             return None
