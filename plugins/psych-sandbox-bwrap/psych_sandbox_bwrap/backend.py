@@ -77,6 +77,7 @@ NAMESPACE_EXIT_SECONDS = 5.0
 FORBIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/var/run", "/var", "/etc",
              "/proc", "/sys", "/dev", "/boot")
 #: Merged-/usr symlinks (or, on older layouts, directories) the dynamic loader needs.
+HOST_CONFIG_UNDER_USR = "/usr/local/etc"
 SYSTEM_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 PR_SET_PDEATHSIG = 1
 #: The execution's memory cgroup holds more than the program's address-space budget: the
@@ -226,6 +227,14 @@ class BwrapBackend(Backend):
                 argv += ["--ro-bind", path, path]
         for path in self.binds:
             argv += ["--ro-bind", path, path]
+        if os.path.isdir(HOST_CONFIG_UNDER_USR):
+            # /usr is bound whole for the interpreter, but /usr/local/etc holds this host's
+            # own configuration (package-manager settings, tokens): hidden under an empty,
+            # read-only tmpfs.
+            argv += [
+                "--perms", "0555", "--size", "4096", "--tmpfs", HOST_CONFIG_UNDER_USR,
+                "--remount-ro", HOST_CONFIG_UNDER_USR,
+            ]
         argv += [
             "--proc", "/proc",
             # Nothing under /proc/sys is the sandbox's to change, even what its own

@@ -110,6 +110,29 @@ async def test_root_and_home_absent() -> None:
     assert all(v == "FileNotFoundError" for v in result.return_value.values()), result.return_value
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting a file in /usr/local/etc needs root")
+async def test_host_configuration_under_usr_is_hidden() -> None:
+    # /usr is bound for the interpreter; the host's own settings in /usr/local/etc are not.
+    secret = uuid.uuid4().hex
+    planted = Path("/usr/local/etc") / f"psych-bwrap-canary-{secret[:8]}"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text(secret)
+    os.chmod(planted, 0o644)
+    try:
+        with opens_of(str(planted)) as opened:
+            result = await run(
+                "import os\n"
+                f"try:\n    seen = open({str(planted)!r}).read()\n"
+                "except OSError as e:\n    seen = type(e).__name__\n"
+                "[seen, os.listdir('/usr/local/etc')]"
+            )
+    finally:
+        planted.unlink()
+    assert result.error is None, result.error
+    assert opened == []
+    assert result.return_value == ["FileNotFoundError", []]
+
+
 async def test_host_processes_invisible() -> None:
     mark = marker()
     # The marked process itself, not a shell around it: killing it leaves nothing behind.
