@@ -3,7 +3,9 @@
 A warm child is still one fresh process per program: it is prepared ahead (spawned, probed,
 handshake done) and then given exactly one program, after which it is torn down like any
 other. What a run saves is the start-up of the interpreter and the sandbox around it. The
-grades it carries are its own report, made by that very process.
+grades it carries are its own report, made by that very process. On a backend that allows
+it, the result is handed back once the program's output and result are complete, and the
+child's teardown finishes afterwards in this pool's task group (the Sandbox's).
 """
 
 from __future__ import annotations
