@@ -408,6 +408,7 @@ def stream_info(
         shown_bytes=preview.shown_bytes,
         omitted_bytes=preview.omitted_bytes,
         omitted_lines=preview.omitted_lines,
+        after_end_bytes=capture.after_end_bytes,
         attachment=attachment,
     )
 

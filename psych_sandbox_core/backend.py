@@ -83,6 +83,15 @@ class Launched(ABC):
     #: the launch context exits, so the core can collect artifacts. None means this backend
     #: cannot hand back artifacts (its workspace is not reachable from the host).
     workspace_path: str | None = None
+    #: Whether a warm execution may hand its result back once the program's output and
+    #: result are complete, finishing this launch's teardown afterwards (see pool.py). Only
+    #: for a backend whose output streams carry exactly what the child wrote, in order.
+    early_result_ok: bool = False
+
+    def usage_so_far(self) -> tuple[float | None, int | None] | None:
+        """CPU seconds and peak memory of the child so far, read while it may still be
+        alive; None when this backend can only measure after teardown."""
+        return None
 
     @abstractmethod
     async def wait_exited(self) -> None:

@@ -1180,6 +1180,14 @@ def _reap_as_init(program, report):
             os._exit(0)
 
 
+def _write_all(fd, data):
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass  # the program closed or broke the stream: the host waits for its end instead
+
+
 def main(argv):
     options = {}
     for item in argv:
@@ -1205,12 +1213,19 @@ def main(argv):
     # Taken before the program runs: it may change directory or rename the workspace away.
     workspace = _open_workspace() if request else None
     apply_limits(frame.get("limits") or {})
+    end_marker = frame.get("end_marker")
     result = run_program(channel, frame)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
+    if isinstance(end_marker, str):
+        # Everything the program wrote is in the pipes now: the marker tells the host both
+        # streams are complete, so it need not wait for their end (the container's).
+        marker = end_marker.encode("ascii", "replace")
+        for fd in (1, 2):
+            _write_all(fd, marker)
     frame = {
         "type": "result",
         "outcome": result["outcome"],

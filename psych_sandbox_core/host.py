@@ -7,6 +7,7 @@ evidence, whether the program may run at all; only then does it send the program
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -58,6 +59,9 @@ from .terms import ExecutionLimits
 HANDSHAKE_SECONDS = 30.0
 #: After teardown, how long the host keeps draining output a dying tree may still flush.
 DRAIN_AFTER_EXIT_SECONDS = 2.0
+#: After a warm result was handed back early, how long the teardown waits for the child's
+#: own exit before killing it (it exits right after its result frame).
+EXIT_AFTER_EARLY_RESULT_SECONDS = 2.0
 
 
 @lru_cache(maxsize=1)
@@ -202,6 +206,7 @@ async def run_child(
     obtain_plan: PlanSource,
     *,
     known_plan: ExecutionPlan | None = None,
+    on_early_result: Callable[[ExecutionResult], None] | None = None,
 ) -> ExecutionResult | None:
     """Launch one child and run one program in it.
 
@@ -209,6 +214,11 @@ async def run_child(
     every failure ends in a result. Without it (a warm child, see pool.py) the child first
     connects and reports, then ``obtain_plan`` waits for its program; a child that fails before
     then returns None, since no program was ever given to it.
+
+    With ``on_early_result``, on a backend that allows it, the result is handed to it as soon
+    as the program's output and result are complete (end markers on both streams and a result
+    frame), and the teardown goes on afterwards; the same result is returned at the end. Any
+    other ending waits for the teardown, as without it.
     """
     started = time.monotonic()
     plan = known_plan
@@ -218,6 +228,7 @@ async def run_child(
     collection: Collection | None = None
     stdout: StreamCapture | None = None
     stderr: StreamCapture | None = None
+    delivered: ExecutionResult | None = None
     async with ProbeHarness().active() as harness:
         assert harness.targets is not None
         request = LaunchRequest(
@@ -251,10 +262,38 @@ async def run_child(
                     if plan.cancel is not None and plan.cancel.is_set():
                         state.cancelled = True
                 assert plan is not None
-                stdout = StreamCapture(plan.limits.stdout_bytes)
-                stderr = StreamCapture(plan.limits.stderr_bytes)
-                status = await _supervise(launched, plan, state, stdout, stderr, harness, prepared)
-                if state.ran:
+                marker: str | None = None
+                if on_early_result is not None and launched.early_result_ok and (
+                    plan.output is None or launched.workspace_path is None
+                ):
+                    # Random per execution: output cannot end a stream early by chance (a
+                    # program that finds and prints it only cuts its own output short).
+                    marker = f"<psych-sandbox-end:{secrets.token_hex(16)}>"
+                encoded = None if marker is None else marker.encode("ascii")
+                stdout = StreamCapture(plan.limits.stdout_bytes, encoded)
+                stderr = StreamCapture(plan.limits.stderr_bytes, encoded)
+                early: _EarlyDelivery | None = None
+                if marker is not None and on_early_result is not None:
+                    early_plan, early_out, early_err = plan, stdout, stderr
+                    early_launched = launched
+
+                    async def deliver() -> None:
+                        nonlocal delivered
+                        _account_connections(state, harness)
+                        delivered = await _build_result(
+                            early_plan, state, None, None, _channel_collection(early_plan, state),
+                            early_out, early_err, started, early_launched.usage_so_far(),
+                        )
+                        assert on_early_result is not None
+                        on_early_result(delivered)
+
+                    early = _EarlyDelivery(marker, deliver)
+                status = await _supervise(
+                    launched, plan, state, stdout, stderr, harness, prepared, early
+                )
+                if delivered is not None:
+                    pass  # handed back already; what remains is teardown
+                elif state.ran:
                     collection = _channel_collection(plan, state)
                 if state.ran and collection is None:
                     # The program has ended and its workspace still exists: collect now.
@@ -267,18 +306,40 @@ async def run_child(
             failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))
         except _CancelledBeforeStart:
             state.cancelled = True
-        if harness.connections and state.grades:
-            # Host-side evidence outranks anything the child said about itself.
-            state.grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
-        if state.ran:
-            state.connections_during_run = max(
-                0, harness.connections - state.probe_connections
-            )
+        if delivered is not None:
+            return delivered
+        _account_connections(state, harness)
     assert plan is not None
     if stdout is None or stderr is None:
         stdout = StreamCapture(plan.limits.stdout_bytes)
         stderr = StreamCapture(plan.limits.stderr_bytes)
+    usage = None if status is None else (status.cpu_seconds, status.peak_memory_bytes)
+    return await _build_result(
+        plan, state, status, failure, collection, stdout, stderr, started, usage
+    )
+
+
+def _account_connections(state: _State, harness: ProbeHarness) -> None:
+    if harness.connections and state.grades:
+        # Host-side evidence outranks anything the child said about itself.
+        state.grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
+    if state.ran:
+        state.connections_during_run = max(0, harness.connections - state.probe_connections)
+
+
+async def _build_result(
+    plan: ExecutionPlan,
+    state: _State,
+    status: ExitStatus | None,
+    failure: ExecutionFailure | None,
+    collection: Collection | None,
+    stdout: StreamCapture,
+    stderr: StreamCapture,
+    started: float,
+    usage: tuple[float | None, int | None] | None,
+) -> ExecutionResult:
     wall = time.monotonic() - started
+    cpu, peak = usage if usage is not None else (None, None)
     if failure is None:
         failure = _classify(plan, state, status)
     withheld = failure is not None and failure.kind in (
@@ -320,9 +381,9 @@ async def run_child(
         grades={g.value: state.grades[g].value for g in Guarantee if g in state.grades},
         usage=Usage(
             wall_seconds=round(wall, 6),
-            cpu_seconds=None if status is None else status.cpu_seconds,
-            peak_memory_bytes=None if status is None else status.peak_memory_bytes,
-            measured_by="none" if status is None or status.cpu_seconds is None else "host",
+            cpu_seconds=cpu,
+            peak_memory_bytes=peak,
+            measured_by="none" if cpu is None else "host",
         ),
         profile=plan.profile,
         backend=plan.backend_identity,
@@ -339,30 +400,50 @@ async def _supervise(
     stderr: StreamCapture,
     harness: ProbeHarness,
     prepared: FrameChannel | None = None,
+    early: _EarlyDelivery | None = None,
 ) -> ExitStatus:
     drained = [anyio.Event(), anyio.Event()]
+    # Set when a stream's end marker went by or the stream ended, whichever came first.
+    settled = [anyio.Event(), anyio.Event()]
 
-    async def drain(capture: StreamCapture, stream: ByteReceiveStream, done: anyio.Event) -> None:
+    async def drain(
+        capture: StreamCapture, stream: ByteReceiveStream, done: anyio.Event,
+        marked: anyio.Event,
+    ) -> None:
         try:
-            await capture.drain(stream)
+            await capture.drain(stream, marked)
         finally:
+            marked.set()
             done.set()
 
     async with anyio.create_task_group() as drains:
-        drains.start_soon(drain, stdout, launched.stdout, drained[0])
-        drains.start_soon(drain, stderr, launched.stderr, drained[1])
+        drains.start_soon(drain, stdout, launched.stdout, drained[0], settled[0])
+        drains.start_soon(drain, stderr, launched.stderr, drained[1], settled[1])
         try:
             with anyio.move_on_after(plan.limits.wall_seconds) as wall:
                 if plan.cancel is not None:
                     drains.start_soon(_watch_cancel, plan.cancel, state, wall)
                 try:
-                    await _converse(launched, plan, state, harness, prepared)
+                    await _converse(
+                        launched, plan, state, harness, prepared,
+                        None if early is None else early.marker,
+                    )
                 except ProtocolViolation as exc:
                     state.violation = str(exc)
                 except _StartupFailed as exc:
                     state.startup_failure = str(exc)
                 else:
-                    await launched.wait_exited()
+                    if early is not None and await _complete_before_exit(
+                        launched, state, stdout, stderr, settled
+                    ):
+                        with anyio.CancelScope(shield=True):
+                            await early.deliver()
+                        # The child exits right after its result; one that does not has
+                        # nothing left to say and is killed by the teardown below.
+                        with anyio.move_on_after(EXIT_AFTER_EARLY_RESULT_SECONDS):
+                            await launched.wait_exited()
+                    else:
+                        await launched.wait_exited()
             if wall.cancelled_caught:
                 state.timed_out = not state.cancelled
                 await launched.terminate(plan.limits.grace_seconds)
@@ -380,6 +461,50 @@ async def _supervise(
                     await state.after_result.aclose()
                     state.after_result = None
     return status
+
+
+@dataclass(frozen=True)
+class _EarlyDelivery:
+    """The end marker of a warm execution, and how its result is handed back early."""
+
+    marker: str
+    deliver: Callable[[], Awaitable[None]]
+
+
+async def _complete_before_exit(
+    launched: Launched,
+    state: _State,
+    stdout: StreamCapture,
+    stderr: StreamCapture,
+    settled: list[anyio.Event],
+) -> bool:
+    """Whether the program's output and result are complete before the child's exit was
+    even reported: a result frame, nothing wrong so far, and both end markers seen."""
+    if state.result is None or state.violation is not None or state.cancelled:
+        return False
+    async with anyio.create_task_group() as race:
+
+        async def markers() -> None:
+            for event in settled:
+                await event.wait()
+            race.cancel_scope.cancel()
+
+        async def exited() -> None:
+            await launched.wait_exited()
+            race.cancel_scope.cancel()
+
+        race.start_soon(markers)
+        race.start_soon(exited)
+    if not (stdout.marker_seen and stderr.marker_seen):
+        return False
+    if state.after_result is not None:
+        # A collecting run: its channel is read to its end (the child closes it by exiting)
+        # before anything it sent counts, as in the teardown.
+        await _nothing_after_result(state)
+        channel, state.after_result = state.after_result, None
+        with anyio.CancelScope(shield=True):
+            await channel.aclose()
+    return state.violation is None
 
 
 async def _nothing_after_result(state: _State) -> None:
@@ -475,6 +600,7 @@ async def _converse(
     state: _State,
     harness: ProbeHarness,
     prepared: FrameChannel | None = None,
+    end_marker: str | None = None,
 ) -> None:
     channel = prepared if prepared is not None else await _handshake(launched, state, harness)
     if channel is None:
@@ -515,6 +641,7 @@ async def _converse(
                     return_value_bytes=plan.limits.return_value_bytes,
                 ),
                 artifacts=None if state.artifacts is None else state.artifacts.request,
+                end_marker=end_marker,
             )
         )
         state.ran = True

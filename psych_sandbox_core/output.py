@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
+from anyio import Event
 from anyio.abc import ByteReceiveStream
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,10 +30,19 @@ class StreamCapture:
     join seamlessly; past it, the middle is counted (bytes and newlines) but not kept.
     """
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, end_marker: bytes | None = None) -> None:
         if cap < 0:
             raise ValueError("the capture cap cannot be negative")
+        if end_marker is not None and not end_marker:
+            raise ValueError("an end marker cannot be empty")
         self.cap = cap
+        #: The child writes this after the program ended: what precedes it is the program's
+        #: output, what follows was written by something it left behind (dropped, counted).
+        self.end_marker = end_marker
+        self.marker_seen = False
+        self.after_end_bytes = 0
+        #: Bytes that may be the start of the marker, held back until the next chunk says.
+        self._held = b""
         self.head_cap = (cap + 1) // 2
         self.tail_cap = cap - self.head_cap
         self._head = bytearray()
@@ -43,6 +53,34 @@ class StreamCapture:
         self._last = b""
 
     def feed(self, data: bytes) -> None:
+        marker = self.end_marker
+        if marker is None:
+            self._keep(data)
+            return
+        if self.marker_seen:
+            self.after_end_bytes += len(data)
+            return
+        data = self._held + data
+        found = data.find(marker)
+        if found >= 0:
+            self._held = b""
+            self.marker_seen = True
+            self.after_end_bytes += len(data) - found - len(marker)
+            self._keep(data[:found])
+            return
+        # The marker may straddle chunks: hold back the longest tail that starts it.
+        hold = min(len(data), len(marker) - 1)
+        while hold and not data.endswith(marker[:hold]):
+            hold -= 1
+        self._held = data[len(data) - hold :]
+        self._keep(data[: len(data) - hold])
+
+    def end(self) -> None:
+        """The stream ended: bytes held back as a possible marker start were output."""
+        held, self._held = self._held, b""
+        self._keep(held)
+
+    def _keep(self, data: bytes) -> None:
         if not data:
             return
         self.total_bytes += len(data)
@@ -100,15 +138,20 @@ class StreamCapture:
     def text(self) -> str:
         return self.data.decode("utf-8", errors="replace")
 
-    async def drain(self, stream: ByteReceiveStream) -> None:
-        """Read until EOF, keeping what fits: the child never blocks on a full pipe."""
+    async def drain(self, stream: ByteReceiveStream, marked: Event | None = None) -> None:
+        """Read until EOF, keeping what fits: the child never blocks on a full pipe.
+        ``marked`` is set once the end marker went by (reading goes on, to count)."""
         from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
         try:
             while True:
                 self.feed(await stream.receive(READ_CHUNK))
+                if marked is not None and self.marker_seen:
+                    marked.set()
         except (EndOfStream, BrokenResourceError, ClosedResourceError):
             return
+        finally:
+            self.end()
 
 
 @dataclass(frozen=True)

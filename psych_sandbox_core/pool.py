@@ -3,7 +3,9 @@
 A warm child is still one fresh process per program: it is prepared ahead (spawned, probed,
 handshake done) and then given exactly one program, after which it is torn down like any
 other. What a run saves is the start-up of the interpreter and the sandbox around it. The
-grades it carries are its own report, made by that very process.
+grades it carries are its own report, made by that very process. On a backend that allows
+it, the result is handed back once the program's output and result are complete, and the
+child's teardown finishes afterwards in this pool's task group (the Sandbox's).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class _Slot:
         self._assigned.set()
 
     def finish(self, result: ExecutionResult | None, error: BaseException | None) -> None:
+        if self._done.is_set():
+            return  # handed back early: the teardown's own ending changes nothing
         self.result = result
         self.error = error
         self._done.set()
@@ -119,8 +123,19 @@ class WarmPool:
             self._became_ready = anyio.Event()
             return await slot.wait_for_plan()
 
+        scope = anyio.CancelScope()
+
+        def early(result: ExecutionResult) -> None:
+            # From here on only teardown remains, bounded by the backend's own deadlines:
+            # closing the Sandbox waits for it rather than cutting it (and its reads) short.
+            scope.shield = True
+            slot.finish(result, None)
+
         try:
-            result = await run_child(self._backend, self._limits, obtain)
+            with scope:
+                result = await run_child(
+                    self._backend, self._limits, obtain, on_early_result=early
+                )
         except Exception as exc:
             # A bug must reach the caller it concerns, not take down every other execution
             # sharing this task group; with no caller yet, the next run starts cold.

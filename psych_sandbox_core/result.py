@@ -49,6 +49,9 @@ class StreamOutput(BaseModel):
     #: cut for the preview budget.
     omitted_bytes: int = 0
     omitted_lines: int = 0
+    #: Bytes written after the program ended (after its end marker, by a process it left
+    #: behind): neither kept nor counted in total_bytes.
+    after_end_bytes: int = 0
     #: Handle of the stream's durable copy (see attachments.py), when one was recorded.
     attachment: str | None = None
 

@@ -179,6 +179,10 @@ class RunFrame(Frame):
     limits: ChildLimits
     #: Send the workspace's files before the result (None: the host collects, or nobody).
     artifacts: ArtifactRequest | None = None
+    #: Written by the child to fd 1 and fd 2 after the program ended and its output was
+    #: flushed, before the result frame: the host then knows both streams are complete
+    #: without waiting for their end (None: the host waits for the end, as always).
+    end_marker: Annotated[str, Field(pattern=r"^[\x21-\x7e]{16,128}$")] | None = None
 
 
 class AbortFrame(Frame):

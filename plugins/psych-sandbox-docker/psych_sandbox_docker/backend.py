@@ -531,6 +531,11 @@ class _Container(Launched):
     """One container, driven through the engine's API: created, attached, started, watched
     for its exit, then removed."""
 
+    #: The attached streams carry exactly what the container wrote, in order, so the end
+    #: markers say when the output is complete; the engine's exit report and removal
+    #: (tens of milliseconds) then happen after a warm result was handed back.
+    early_result_ok = True
+
     def __init__(
         self,
         backend: DockerBackend,
@@ -764,6 +769,11 @@ class _Container(Launched):
             peak_memory_bytes=peak,
             failure_hint=hint,
         )
+
+    def usage_so_far(self) -> tuple[float | None, int | None] | None:
+        # The per-execution cgroup parent is readable while the container lives.
+        cpu, peak = self._usage()
+        return None if cpu is None else (cpu, peak)
 
     def _usage(self) -> tuple[float | None, int | None]:
         """CPU seconds and peak memory of the container's cgroup (the runtime's own
