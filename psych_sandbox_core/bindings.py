@@ -39,7 +39,7 @@ from .paging import (
 )
 from .protocol import CallFrame, ReplyFrame
 from .protocol.limits import MAX_FRAMES_MARGIN, MAX_TOOL_NAME_CHARS, MAX_TOOLS
-from .runlog import RunLog, SQLiteRunLog
+from .runlog import MemoryRunLog, RunLog
 
 #: The built-in binding that reads a result too large to hand over whole.
 READ_TOOL_OUTPUT = "read_tool_output"
@@ -474,7 +474,7 @@ def _default_log() -> RunLog:
     # One in-memory log for servers built without one (tests, plain host use): per-run
     # counting then lasts as long as this process, which is all such a caller asked for.
     if not _DEFAULT_LOG:
-        _DEFAULT_LOG.append(SQLiteRunLog())
+        _DEFAULT_LOG.append(MemoryRunLog())
     return _DEFAULT_LOG[0]
 
 

@@ -11,6 +11,7 @@ safe to share between host processes on one machine).
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import threading
 import time
@@ -205,3 +206,38 @@ class SQLiteRunLog(RunLog):
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
+
+
+class MemoryRunLog(RunLog):
+    """A run log held in this process only: for runs that live and die within one execution
+    (no run id given), where nothing can resume them and durability would only cost time."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, CallEntry] = {}
+        self._by_run: dict[str, list[int]] = {}
+        self._counts: dict[str, int] = {}
+        self._next_seq = 1
+
+    async def begin_call(
+        self, run_id: str, execution_id: str, call_id: int, name: str, run_limit: int
+    ) -> int | None:
+        # No await before the count is taken: on one event loop this is atomic.
+        if self._counts.get(run_id, 0) >= run_limit:
+            return None
+        self._counts[run_id] = self._counts.get(run_id, 0) + 1
+        seq = self._next_seq
+        self._next_seq += 1
+        self._entries[seq] = CallEntry(seq, run_id, execution_id, call_id, name, None)
+        self._by_run.setdefault(run_id, []).append(seq)
+        return seq
+
+    async def finish_call(self, seq: int, outcome: str) -> None:
+        entry = self._entries.get(seq)
+        if entry is not None:
+            self._entries[seq] = dataclasses.replace(entry, outcome=outcome)
+
+    async def calls_in_run(self, run_id: str) -> int:
+        return self._counts.get(run_id, 0)
+
+    async def entries(self, run_id: str) -> list[CallEntry]:
+        return [self._entries[seq] for seq in self._by_run.get(run_id, [])]

@@ -24,7 +24,7 @@ from .pool import WarmPool
 from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
-from .runlog import RunLog, SQLiteRunLog
+from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
 from .terms import ExecutionLimits
 
 
@@ -81,7 +81,7 @@ class Sandbox:
         # Results over the per-call ceiling are paged through blob_store when there is one.
         self._configured_run_log = run_log
         self._durable_run_log: RunLog | None = run_log
-        self._ephemeral_run_log: RunLog = run_log or SQLiteRunLog()
+        self._ephemeral_run_log: RunLog = run_log or MemoryRunLog()
         self.blob_store = blob_store
         # Every run's attachment handles (streams, return values, artifacts); see attachments.py.
         self.attachments = AttachmentLedger(blob_store)
