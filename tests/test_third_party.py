@@ -93,3 +93,7 @@ class TestExampleConformance(BackendConformance):
     backend = "example"
     level = "process"
     environment = frozenset({"TMPDIR"})
+
+    # Its limits are the subprocess mechanism's own, timed out in test_conformance.py already.
+    test_cpu_loop_is_a_timeout = None  # type: ignore[assignment]
+    test_wall_clock_timeout_and_nothing_left = None  # type: ignore[assignment]

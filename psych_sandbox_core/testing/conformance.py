@@ -202,6 +202,8 @@ class BackendConformance:
         assert result.error is not None
         assert result.error.kind is ErrorKind.TIMEOUT, result.error
         assert "CPU limit" in result.error.message
+        if result.usage.measured_by != "none":
+            assert result.usage.cpu_seconds is not None and result.usage.cpu_seconds > 0
 
     @pytest.mark.anyio
     async def test_worker_exit(self) -> None:
