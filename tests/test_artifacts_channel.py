@@ -68,7 +68,9 @@ def b64(data: bytes) -> str:
 
 
 paths = st.lists(
-    st.text(st.characters(blacklist_characters="/\x00"), min_size=1, max_size=12), min_size=1,
+    # No surrogates: a path on the wire is valid UTF-8.
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="/\x00"),
+            min_size=1, max_size=12), min_size=1,
     max_size=4,
 ).map("/".join)
 
