@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import os
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+
+# Host-side probes, shared with every backend's tests; re-exported for this suite's modules.
+from psych_sandbox_core.testing.host import (  # noqa: F401
+    marker,
+    open_fds,
+    pids_with,
+    wait_for_pids,
+)
 
 PROFILE = "test"
 
@@ -69,49 +75,6 @@ def _force_remove(root: Path) -> None:
     from psych_sandbox_core.workspace import remove_tree
 
     remove_tree(str(root))
-
-
-def open_fds() -> set[str]:
-    """What each of this process's descriptors points at, by number."""
-    out = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            out.add(f"{name}->{os.readlink(f'/proc/self/fd/{name}')}")
-        except OSError:
-            continue  # the descriptor listdir itself used
-    return out
-
-
-def marker() -> str:
-    """A string unique to one test, to find its processes in /proc."""
-    return f"psych-marker-{uuid.uuid4().hex}"
-
-
-def pids_with(mark: str) -> list[int]:
-    """Live (non-zombie) processes whose command line contains ``mark``, seen from the host."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        if mark.encode() in cmdline:
-            found.append(int(entry))
-    return found
-
-
-async def wait_for_pids(mark: str, *, present: bool, deadline: float = 20.0) -> list[int]:
-    """Poll /proc until processes carrying ``mark`` appear (or are all gone). There is no
-    event to wait on for a process we did not spawn ourselves, so this polls with a deadline."""
-    with anyio.fail_after(deadline):
-        while True:
-            pids = pids_with(mark)
-            if bool(pids) == present:
-                return pids
-            await anyio.sleep(0.02)
 
 
 def sleeper_argv_source(mark: str) -> str:

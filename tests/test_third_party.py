@@ -16,6 +16,7 @@ from psych_sandbox_core import Sandbox
 from psych_sandbox_core.doctor import diagnose
 from psych_sandbox_core.profiles import DeploymentConfig
 from psych_sandbox_core.registry import BackendRegistry
+from psych_sandbox_core.testing.conformance import BackendConformance
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "psych-sandbox-example-backend"
 DISTRIBUTION = "psych-sandbox-example-backend"
@@ -83,3 +84,16 @@ def test_the_cli_doctor_shows_the_example_backend(example_installed: None) -> No
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
     assert "example" in {row["id"] for row in report["backends"]}
+
+
+@pytest.mark.usefixtures("example_installed")
+class TestExampleConformance(BackendConformance):
+    """The third party's backend passes the shared suite, run as its own tests would run it."""
+
+    backend = "example"
+    level = "process"
+    environment = frozenset({"TMPDIR"})
+
+    # Its limits are the subprocess mechanism's own, timed out in test_conformance.py already.
+    test_cpu_loop_is_a_timeout = None  # type: ignore[assignment]
+    test_wall_clock_timeout_and_nothing_left = None  # type: ignore[assignment]

@@ -1,0 +1,5 @@
+"""Test-time helpers for backends: host-side probes (:mod:`.host`) and the behaviour suite every
+backend must pass (:mod:`.conformance`, which needs pytest: install ``psych-sandbox-core[test]``).
+
+Nothing here is imported by the core at run time.
+"""
