@@ -155,7 +155,12 @@ class SubprocessBackend(Backend):
                     f"the subprocess backend could not start {self.interpreter}: {exc}"
                 ) from exc
             channel.after_spawn()
-            launched = _Launched(process, channel, self.mechanisms())
+            launched = _Launched(
+                process,
+                channel,
+                self.mechanisms(),
+                pid_namespace=bool(self.namespaces & CLONE_NEWPID),
+            )
             launched.workspace_path = workspace
             yield launched
         finally:
@@ -173,15 +178,25 @@ class SubprocessBackend(Backend):
                 await anyio.to_thread.run_sync(remove_tree, workspace)
 
 
+#: How long teardown waits for a killed pid namespace to empty (its init exits last).
+NAMESPACE_TEARDOWN_SECONDS = 5.0
+
+
 class _Launched(Launched):
     def __init__(
-        self, process: ManagedProcess, channel: InheritedSocketChannel, mechanisms: Mechanisms
+        self,
+        process: ManagedProcess,
+        channel: InheritedSocketChannel,
+        mechanisms: Mechanisms,
+        *,
+        pid_namespace: bool,
     ) -> None:
         self.process = process
         self.channel = channel
         self.mechanisms = mechanisms
         self.stdout = process.stdout
         self.stderr = process.stderr
+        self._pid_namespace = pid_namespace
 
     async def wait_exited(self) -> None:
         await self.process.wait_exited()
@@ -190,7 +205,34 @@ class _Launched(Launched):
         await self.process.terminate(grace_seconds)
 
     async def finish(self) -> ExitStatus:
-        return await self.process.kill_and_reap()
+        # Killing the group ends the outer process at once, while the namespace's init is
+        # still taking everything in the namespace down with it. Hold init by a pidfd first
+        # and wait for it, so teardown ends only when the namespace is empty.
+        init = _hold_first_child(self.process.pid) if self._pid_namespace else None
+        try:
+            status = await self.process.kill_and_reap()
+            if init is not None:
+                with anyio.move_on_after(NAMESPACE_TEARDOWN_SECONDS):
+                    await anyio.wait_readable(init)
+        finally:
+            if init is not None:
+                os.close(init)
+        return status
+
+
+def _hold_first_child(pid: int) -> int | None:
+    """A pidfd for the first child of ``pid`` (the bootstrap's namespace init), or None."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            children = fh.read().split()
+    except OSError:
+        return None
+    if not children:
+        return None
+    try:
+        return os.pidfd_open(int(children[0]))
+    except (OSError, AttributeError):
+        return None
 
 
 # ---------------------------------------------------------------- interpreter resolution

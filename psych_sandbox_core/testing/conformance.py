@@ -336,10 +336,7 @@ class BackendConformance:
                 if self.processes_visible:
                     await wait_for_pids(mark)
                 tg.cancel_scope.cancel()
-        if self.processes_visible:
-            # A cancelled run's kill may land just after the sandbox closed (the subprocess
-            # mechanism's reaping is not awaited on cancellation): gone within the deadline.
-            await wait_for_pids(mark, present=False)
+        # Teardown is part of the cancelled run: nothing may still be dying once it returned.
         self._nothing_left(mark)
         assert list(private_tmp.iterdir()) == []
 
