@@ -400,7 +400,8 @@ class CallServer:
         refusal = self.meter.admit_result(size)
         if refusal is not None:
             return _error(call_id, CallErrorKind.BUDGET_EXHAUSTED, refusal)
-        return ReplyFrame(id=call_id, carries="value", value_json=value_json)
+        # Built without validation: the host's own frame, from values it just produced.
+        return ReplyFrame.model_construct(id=call_id, carries="value", value_json=value_json)
 
     async def _read_tool_output(self, arguments: dict[str, Any]) -> dict[str, Any]:
         assert self.blob_store is not None

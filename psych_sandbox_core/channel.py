@@ -179,6 +179,7 @@ class FrameChannel:
         self._buffer = bytearray()
         self._scanned = 0
         self._frames_without_wait = 0
+        self._drained = False
         self.bytes_received = 0
 
     async def receive(self) -> ChildFrame | None:
@@ -224,11 +225,17 @@ class FrameChannel:
             self._scanned = len(buffer)
             if len(buffer) >= MAX_CHILD_FRAME_BYTES:
                 raise _too_long()
-            try:
-                chunk = sock.recv(min(65536, MAX_CHILD_FRAME_BYTES + 1 - len(buffer)))
-            except BlockingIOError:
+            if self._drained:
+                # The last read emptied the socket: in a request/reply exchange nothing new is
+                # there yet, so wait first instead of paying for a read that must fail.
+                self._drained = False
                 self._frames_without_wait = 0
                 await anyio.wait_readable(sock)
+            want = min(65536, MAX_CHILD_FRAME_BYTES + 1 - len(buffer))
+            try:
+                chunk = sock.recv(want)
+            except BlockingIOError:
+                self._drained = True
                 continue
             except OSError:
                 return None  # reset by the child: its exit status says how it ended
@@ -236,6 +243,7 @@ class FrameChannel:
                 if buffer:
                     raise _cut_short()
                 return None
+            self._drained = len(chunk) < want
             buffer += chunk
 
     async def send(self, frame: HostFrame) -> None:

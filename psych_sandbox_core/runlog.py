@@ -11,14 +11,13 @@ safe to share between host processes on one machine).
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -213,7 +212,8 @@ class MemoryRunLog(RunLog):
     (no run id given), where nothing can resume them and durability would only cost time."""
 
     def __init__(self) -> None:
-        self._entries: dict[int, CallEntry] = {}
+        # seq -> [run_id, execution_id, call_id, name, outcome]: mutable, updated in place.
+        self._entries: dict[int, list[Any]] = {}
         self._by_run: dict[str, list[int]] = {}
         self._counts: dict[str, int] = {}
         self._next_seq = 1
@@ -222,22 +222,23 @@ class MemoryRunLog(RunLog):
         self, run_id: str, execution_id: str, call_id: int, name: str, run_limit: int
     ) -> int | None:
         # No await before the count is taken: on one event loop this is atomic.
-        if self._counts.get(run_id, 0) >= run_limit:
+        count = self._counts.get(run_id, 0)
+        if count >= run_limit:
             return None
-        self._counts[run_id] = self._counts.get(run_id, 0) + 1
+        self._counts[run_id] = count + 1
         seq = self._next_seq
         self._next_seq += 1
-        self._entries[seq] = CallEntry(seq, run_id, execution_id, call_id, name, None)
+        self._entries[seq] = [run_id, execution_id, call_id, name, None]
         self._by_run.setdefault(run_id, []).append(seq)
         return seq
 
     async def finish_call(self, seq: int, outcome: str) -> None:
         entry = self._entries.get(seq)
         if entry is not None:
-            self._entries[seq] = dataclasses.replace(entry, outcome=outcome)
+            entry[4] = outcome
 
     async def calls_in_run(self, run_id: str) -> int:
         return self._counts.get(run_id, 0)
 
     async def entries(self, run_id: str) -> list[CallEntry]:
-        return [self._entries[seq] for seq in self._by_run.get(run_id, [])]
+        return [CallEntry(seq, *self._entries[seq]) for seq in self._by_run.get(run_id, [])]
