@@ -12,14 +12,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import shutil
-import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import lru_cache
-from pathlib import Path
 from typing import Annotated, ClassVar
 
 import anyio
@@ -28,7 +25,7 @@ from pydantic import Field
 from .. import hookspecs
 from ..backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
 from ..channel import InheritedSocketChannel
-from ..errors import ConfigurationError, InterpreterNotFoundError
+from ..errors import ConfigurationError
 from ..grading import Level, Mechanisms
 from ..host import child_environment
 from ..identity import (
@@ -38,6 +35,7 @@ from ..identity import (
     IdentityLease,
     IdentityRange,
 )
+from ..interpreter import SYSTEM_CANDIDATES, resolve_interpreter
 from ..process import ExitStatus, ManagedProcess
 from ..workspace import create_workspace, remove_tree
 
@@ -86,7 +84,13 @@ class SubprocessBackend(Backend):
         if self.drops_identity and self.fixed_identity is None:
             self.identities.check()
         # Resolved once, at load: a name that cannot be resolved fails configuration now.
-        self.interpreter = resolve_interpreter(options.interpreter, self.drops_identity)
+        self.interpreter = resolve_interpreter(
+            options.interpreter,
+            reachable_by_any_uid=self.drops_identity,
+            # The host's own interpreter first (same version, same packages), then the system's.
+            candidates=[os.path.realpath(sys.executable), *SYSTEM_CANDIDATES],
+            runner="the unprivileged uid the program runs as",
+        )
         self.namespaces = (
             namespace_flags(self.interpreter, self.is_root)
             if options.use_namespaces and sys.platform.startswith("linux")
@@ -236,51 +240,6 @@ def _hold_first_child(pid: int) -> int | None:
 
 
 # ---------------------------------------------------------------- interpreter resolution
-
-
-def resolve_interpreter(configured: str | None, drops_identity: bool) -> str:
-    """One absolute interpreter path the child's identity can execute, or a config error."""
-    if configured is not None:
-        found = configured if os.path.isabs(configured) else shutil.which(configured)
-        if found is None or not os.access(found, os.X_OK):
-            raise InterpreterNotFoundError(
-                f"interpreter {configured!r} cannot be resolved to an executable file"
-            )
-        path = os.path.realpath(found)
-        if drops_identity and not reachable_by_others(path):
-            raise InterpreterNotFoundError(
-                f"interpreter {path} is not reachable by the unprivileged uid the "
-                "program runs as (a parent directory or the file is not world-executable)"
-            )
-        return path
-    candidates = [os.path.realpath(sys.executable)]
-    for name in (f"python{sys.version_info.major}.{sys.version_info.minor}", "python3"):
-        for directory in ("/usr/bin", "/usr/local/bin"):
-            candidates.append(os.path.join(directory, name))
-    for candidate in candidates:
-        if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
-            continue
-        real = os.path.realpath(candidate)
-        if not drops_identity or reachable_by_others(real):
-            return real
-    raise InterpreterNotFoundError(
-        "no Python interpreter the sandboxed program's identity can run was found; set "
-        "'interpreter' in the profile to a world-executable python3 (3.10 or newer)"
-    )
-
-
-def reachable_by_others(path: str) -> bool:
-    """Whether a uid that is neither the owner nor in the group can execute ``path``."""
-    current = Path(path)
-    try:
-        if not current.stat().st_mode & stat.S_IXOTH:
-            return False
-        for parent in current.parents:
-            if not parent.stat().st_mode & stat.S_IXOTH:
-                return False
-    except OSError:
-        return False
-    return True
 
 
 # ---------------------------------------------------------------- namespaces and identity

@@ -26,13 +26,11 @@ import os
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from functools import lru_cache
-from pathlib import Path
 from typing import Annotated, ClassVar
 
 import anyio
@@ -55,6 +53,7 @@ from psych_sandbox_core.identity import (
     IdentityLease,
     IdentityRange,
 )
+from psych_sandbox_core.interpreter import SYSTEM_CANDIDATES, resolve_interpreter
 from psych_sandbox_core.process import ExitStatus, ManagedProcess
 from pydantic import Field
 
@@ -144,7 +143,13 @@ class BwrapBackend(Backend):
         if self.is_root and self.fixed_runner is None:
             self.identities.check()
         self.bwrap = shutil.which(options.bwrap) if sys.platform.startswith("linux") else None
-        self.interpreter = resolve_interpreter(options.interpreter, self.is_root)
+        self.interpreter = resolve_interpreter(
+            options.interpreter,
+            reachable_by_any_uid=self.is_root,
+            # The system's own interpreter first: /usr is bound anyway, so it costs no bind.
+            candidates=[*SYSTEM_CANDIDATES, os.path.realpath(sys.executable)],
+            runner="the unprivileged host uid that runs bubblewrap",
+        )
         binds = list(interpreter_prefixes(self.interpreter))
         for extra in options.extra_ro_binds:
             binds.append(checked_bind(extra, "extra_ro_binds"))
@@ -532,48 +537,6 @@ def _libc() -> ctypes.CDLL | None:
 
 
 # ---------------------------------------------------------------- interpreter and binds
-
-
-def resolve_interpreter(configured: str | None, drops_identity: bool) -> str:
-    """One absolute interpreter path bwrap's identity can reach, or a configuration error."""
-    if configured is not None:
-        found = configured if os.path.isabs(configured) else shutil.which(configured)
-        if found is None or not os.access(found, os.X_OK):
-            raise InterpreterNotFoundError(
-                f"interpreter {configured!r} cannot be resolved to an executable file"
-            )
-        path = os.path.realpath(found)
-        if drops_identity and not reachable_by_others(path):
-            raise InterpreterNotFoundError(
-                f"interpreter {path} is not reachable by the unprivileged host uid that runs "
-                "bubblewrap (a parent directory or the file is not world-executable)"
-            )
-        return path
-    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    # The system's own interpreter first: /usr is bound anyway, so it costs no extra bind.
-    candidates = [f"/usr/bin/{minor}", "/usr/bin/python3", f"/usr/local/bin/{minor}",
-                  "/usr/local/bin/python3", os.path.realpath(sys.executable)]
-    for candidate in candidates:
-        if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
-            continue
-        real = os.path.realpath(candidate)
-        if not drops_identity or reachable_by_others(real):
-            return real
-    raise InterpreterNotFoundError(
-        "no Python interpreter bubblewrap can run was found; set 'interpreter' to a "
-        "world-executable python3 (3.10 or newer), e.g. /usr/bin/python3"
-    )
-
-
-def reachable_by_others(path: str) -> bool:
-    """Whether a uid that is neither the owner nor in the group can execute ``path``."""
-    current = Path(path)
-    try:
-        if not current.stat().st_mode & stat.S_IXOTH:
-            return False
-        return all(parent.stat().st_mode & stat.S_IXOTH for parent in current.parents)
-    except OSError:
-        return False
 
 
 def _under(path: str, directory: str) -> bool:
