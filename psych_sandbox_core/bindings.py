@@ -17,7 +17,7 @@ import json
 import os
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -495,5 +495,3 @@ def _error(call_id: int, kind: str, message: str) -> ReplyFrame:
     value = kind.value if isinstance(kind, CallErrorKind) else kind
     return ReplyFrame(id=call_id, carries="error", error_kind=value, message=message)
 
-
-AsyncTool = Callable[..., Awaitable[Any]]

@@ -39,7 +39,6 @@ from ..interpreter import SYSTEM_CANDIDATES, resolve_interpreter
 from ..process import ExitStatus, ManagedProcess
 from ..workspace import create_workspace, remove_tree
 
-CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000

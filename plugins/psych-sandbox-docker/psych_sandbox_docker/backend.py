@@ -731,12 +731,19 @@ class _Container(Launched):
         code = state.get("ExitCode")
         if not isinstance(code, int) or isinstance(code, bool):
             code = self._exit_code
+        hint: tuple[ErrorKind, str] | None = None
         if code is None:
             # The engine never reported an exit (the container was never created, or the
-            # engine failed): killed if we killed it, else unknown.
+            # engine failed): killed if we killed it, else unknown — and the engine's own
+            # words say why.
             code = 128 + signal.SIGKILL if self._killed else -1
+            if not self._killed and self._wait_error is not None:
+                hint = (
+                    ErrorKind.WORKER_EXIT,
+                    f"the container engine did not report how the container ended: "
+                    f"{self._wait_error}",
+                )
         cpu, peak = self._usage()
-        hint: tuple[ErrorKind, str] | None = None
         sig: int | None = None
         if state.get("OOMKilled") is True:
             limit = (

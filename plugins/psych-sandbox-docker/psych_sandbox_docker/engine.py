@@ -121,17 +121,9 @@ def current_owner() -> Owner:
     return Owner(machine, boot, pid, _start_time(pid) or "0")
 
 
-def owner_labels() -> list[str]:
-    owner = current_owner()
-    return [
-        "--label", f"{MANAGED_LABEL}=1",
-        "--label", f"{MACHINE_LABEL}={owner.machine}",
-        "--label", f"{OWNER_LABEL}={owner.label}",
-    ]
-
-
 def owner_label_map() -> dict[str, str]:
-    """The same labels as a mapping, as the engine's API takes them."""
+    """The labels that mark a container as ours and name its owner, as the engine's API
+    takes them."""
     owner = current_owner()
     return {MANAGED_LABEL: "1", MACHINE_LABEL: owner.machine, OWNER_LABEL: owner.label}
 

@@ -92,7 +92,7 @@ class _RootfsWriter:
         self._tar = tar
         self._done: set[str] = set()
 
-    def _add_entry(self, host_path: str, *, recursive_filter: bool = False) -> None:
+    def _add_entry(self, host_path: str) -> None:
         if host_path in self._done:
             return
         self._done.add(host_path)
