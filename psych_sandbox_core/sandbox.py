@@ -9,7 +9,13 @@ import uuid
 import anyio
 from anyio.abc import TaskGroup
 
-from .attachments import DEFAULT_WINDOW_BYTES, AttachmentLedger, OutputContext, Window
+from .attachments import (
+    DEFAULT_RUNS_IN_MEMORY,
+    DEFAULT_WINDOW_BYTES,
+    AttachmentLedger,
+    OutputContext,
+    Window,
+)
 from .backend import Availability, Backend
 from .bindings import BindingProvider, CallServer, ExecutionScope
 from .blobstore import BlobStore
@@ -73,6 +79,7 @@ class Sandbox:
         run_log: RunLog | None = None,
         blob_store: BlobStore | None = None,
         pattern_deadline_seconds: float = DEFAULT_SEARCH_DEADLINE_SECONDS,
+        attachment_runs_in_memory: int = DEFAULT_RUNS_IN_MEMORY,
     ) -> None:
         # Binding calls are counted per run in a run log. A run that spans executions (an
         # explicit run_id) is counted in a durable log, so a host that crashes and restarts
@@ -84,7 +91,13 @@ class Sandbox:
         self._ephemeral_run_log: RunLog = run_log or MemoryRunLog()
         self.blob_store = blob_store
         # Every run's attachment handles (streams, return values, artifacts); see attachments.py.
-        self.attachments = AttachmentLedger(blob_store)
+        # With a blob store they are durable there and memory keeps only the latest runs.
+        try:
+            self.attachments = AttachmentLedger(
+                blob_store, runs_in_memory=attachment_runs_in_memory
+            )
+        except ValueError as error:
+            raise ConfigurationError(str(error)) from None
         if not pattern_deadline_seconds > 0:
             raise ConfigurationError("pattern_deadline_seconds must be positive")
         self._search = SearchSettings(deadline_seconds=pattern_deadline_seconds)
