@@ -23,9 +23,12 @@ import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import anyio
+from pydantic import Field
 
+from .backend import BackendOptions, BackendUnavailable
 from .errors import ConfigurationError
 
 #: Default range: far above the uids distributions hand out (and above the 100000+ ranges
@@ -35,6 +38,17 @@ DEFAULT_COUNT = 65_536
 
 #: Where the lock files live: a root-only directory under /run, or the temp directory.
 _LOCK_DIRECTORIES = ("/run/psych-sandbox/identities",)
+
+
+class LeasedIdentityOptions(BackendOptions):
+    """Settings of a backend that runs each execution as a uid of its own on root hosts."""
+
+    #: The range uids are leased from: one no account uses (checked at load).
+    identity_first_uid: Annotated[int, Field(ge=1000)] = DEFAULT_FIRST_UID
+    identity_count: Annotated[int, Field(ge=1, le=1 << 24)] = DEFAULT_COUNT
+
+    def identity_range(self) -> IdentityRange:
+        return IdentityRange(self.identity_first_uid, self.identity_count)
 
 
 class IdentityExhausted(Exception):
@@ -91,6 +105,14 @@ class IdentityRange:
                     f"identity range {self.first}+{self.count} contains the uid of account "
                     f"{entry.pw_name!r} ({entry.pw_uid}); choose a range no account uses"
                 )
+
+    def lease_for_execution(self) -> IdentityLease:
+        """A lease, or BackendUnavailable when every uid is in use: more executions at once
+        than the range holds is the deployment's limit, not the program's."""
+        try:
+            return self.lease()
+        except IdentityExhausted as exc:
+            raise BackendUnavailable(str(exc)) from exc
 
     def lease(self) -> IdentityLease:
         directory = _lock_directory()

@@ -29,11 +29,8 @@ from ..errors import ConfigurationError
 from ..grading import Level, Mechanisms
 from ..host import child_environment
 from ..identity import (
-    DEFAULT_COUNT,
-    DEFAULT_FIRST_UID,
-    IdentityExhausted,
     IdentityLease,
-    IdentityRange,
+    LeasedIdentityOptions,
 )
 from ..interpreter import SYSTEM_CANDIDATES, resolve_interpreter
 from ..process import ExitStatus, ManagedProcess
@@ -45,16 +42,15 @@ CLONE_NEWNET = 0x40000000
 
 
 
-class SubprocessOptions(BackendOptions):
+class SubprocessOptions(LeasedIdentityOptions):
     #: Interpreter for the child: a path or a name on PATH; None picks one the child's
     #: identity can run (the host's own when reachable, else a system python3).
     interpreter: str | None = None
     #: When the host runs as root, the program runs as an unprivileged uid/gid of its own,
-    #: leased per execution from this range (see identity.py), so concurrent programs cannot
-    #: reach each other. Setting drop_to_uid/drop_to_gid instead makes every execution share
-    #: that one identity: weaker, and only for hosts that cannot spare a range.
-    identity_first_uid: Annotated[int, Field(ge=1000)] = DEFAULT_FIRST_UID
-    identity_count: Annotated[int, Field(ge=1, le=1 << 24)] = DEFAULT_COUNT
+    #: leased per execution from the identity range (identity_first_uid, identity_count; see
+    #: identity.py), so concurrent programs cannot reach each other. Setting drop_to_uid and
+    #: drop_to_gid instead makes every execution share that one identity: weaker, and only for
+    #: hosts that cannot spare a range.
     drop_to_uid: Annotated[int, Field(ge=1)] | None = None
     drop_to_gid: Annotated[int, Field(ge=1)] | None = None
     #: Unshare pid and network namespaces where the kernel allows.
@@ -79,7 +75,7 @@ class SubprocessBackend(Backend):
             raise ConfigurationError("drop_to_uid and drop_to_gid go together")
         if options.drop_to_uid is not None and options.drop_to_gid is not None:
             self.fixed_identity = (options.drop_to_uid, options.drop_to_gid)
-        self.identities = IdentityRange(options.identity_first_uid, options.identity_count)
+        self.identities = options.identity_range()
         if self.drops_identity and self.fixed_identity is None:
             self.identities.check()
         # Resolved once, at load: a name that cannot be resolved fails configuration now.
@@ -117,10 +113,7 @@ class SubprocessBackend(Backend):
         lease: IdentityLease | None = None
         identity: tuple[int, int] | None = self.fixed_identity
         if self.drops_identity and identity is None:
-            try:
-                lease = self.identities.lease()
-            except IdentityExhausted as exc:
-                raise BackendUnavailable(str(exc)) from exc
+            lease = self.identities.lease_for_execution()
             identity = (lease.uid, lease.gid)
         try:
             workspace = create_workspace(identity)

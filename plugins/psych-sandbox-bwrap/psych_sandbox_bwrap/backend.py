@@ -47,11 +47,8 @@ from psych_sandbox_core.errors import ConfigurationError, ErrorKind, Interpreter
 from psych_sandbox_core.grading import Level, Mechanisms
 from psych_sandbox_core.host import child_environment
 from psych_sandbox_core.identity import (
-    DEFAULT_COUNT,
-    DEFAULT_FIRST_UID,
-    IdentityExhausted,
     IdentityLease,
-    IdentityRange,
+    LeasedIdentityOptions,
 )
 from psych_sandbox_core.interpreter import SYSTEM_CANDIDATES, resolve_interpreter
 from psych_sandbox_core.process import ExitStatus, ManagedProcess
@@ -94,7 +91,7 @@ Uid = Annotated[int, Field(ge=1, le=2**32 - 2)]
 Size = Annotated[int, Field(ge=64 * 1024)]
 
 
-class BwrapOptions(BackendOptions):
+class BwrapOptions(LeasedIdentityOptions):
     #: Interpreter inside the sandbox: a path or a name on PATH. None prefers the system's
     #: own python3 under /usr, falling back to the host's interpreter with its prefix bound.
     interpreter: str | None = None
@@ -104,10 +101,8 @@ class BwrapOptions(BackendOptions):
     sandbox_uid: Uid = NOBODY
     sandbox_gid: Uid = NOBODY
     #: When the host runs as root, bwrap runs as an unprivileged host uid/gid of its own,
-    #: leased per execution from this range (a range no account uses; the sandbox's uid maps
-    #: onto it), so no two executions, nor any other host process, share it.
-    identity_first_uid: Annotated[int, Field(ge=1000)] = DEFAULT_FIRST_UID
-    identity_count: Annotated[int, Field(ge=1, le=1 << 24)] = DEFAULT_COUNT
+    #: leased per execution from the identity range (identity_first_uid, identity_count; the
+    #: sandbox's uid maps onto it), so no two executions, nor any other host process, share it.
     #: Setting host_uid/host_gid instead runs every execution's bwrap as that one identity:
     #: weaker (whatever else runs as it holds every capability in the running sandboxes and
     #: shares their process count), only for hosts that cannot spare a range.
@@ -139,7 +134,7 @@ class BwrapBackend(Backend):
         self.fixed_runner: tuple[int, int] | None = None
         if options.host_uid is not None and options.host_gid is not None:
             self.fixed_runner = (options.host_uid, options.host_gid)
-        self.identities = IdentityRange(options.identity_first_uid, options.identity_count)
+        self.identities = options.identity_range()
         if self.is_root and self.fixed_runner is None:
             self.identities.check()
         self.bwrap = shutil.which(options.bwrap) if sys.platform.startswith("linux") else None
@@ -278,10 +273,7 @@ class BwrapBackend(Backend):
         lease: IdentityLease | None = None
         runner = self.fixed_runner if self.is_root else None
         if self.is_root and runner is None:
-            try:
-                lease = self.identities.lease()
-            except IdentityExhausted as exc:
-                raise BackendUnavailable(str(exc)) from exc
+            lease = self.identities.lease_for_execution()
             runner = (lease.uid, lease.gid)
         try:
             async with self._launch(request, runner) as launched:

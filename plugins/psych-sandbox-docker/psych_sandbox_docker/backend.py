@@ -45,11 +45,8 @@ from psych_sandbox_core.errors import ConfigurationError, ErrorKind
 from psych_sandbox_core.grading import Level, Mechanisms
 from psych_sandbox_core.host import child_environment
 from psych_sandbox_core.identity import (
-    DEFAULT_COUNT,
-    DEFAULT_FIRST_UID,
-    IdentityExhausted,
     IdentityLease,
-    IdentityRange,
+    LeasedIdentityOptions,
 )
 from psych_sandbox_core.process import ExitStatus
 from pydantic import Field, field_validator
@@ -105,7 +102,7 @@ _IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}")
 
 
-class DockerOptions(BackendOptions):
+class DockerOptions(LeasedIdentityOptions):
     #: The image: a local tag, or ``name@sha256:...`` to pin it. Never pulled.
     image: str = DEFAULT_TAG
     #: The engine CLI; None picks Docker where it answers, else Podman.
@@ -119,9 +116,7 @@ class DockerOptions(BackendOptions):
     tmp_bytes: Size = 64 * MiB
     shm_bytes: Size = 16 * MiB
     #: On a root host each container runs as a uid/gid of its own, leased per execution from
-    #: this range (a range no account uses).
-    identity_first_uid: Annotated[int, Field(ge=1000)] = DEFAULT_FIRST_UID
-    identity_count: Annotated[int, Field(ge=1, le=1 << 24)] = DEFAULT_COUNT
+    #: the identity range (identity_first_uid, identity_count: a range no account uses).
     #: Setting container_uid/container_gid instead runs every container as that one
     #: identity: weaker (see the README), only for hosts that cannot spare a range.
     container_uid: Annotated[int, Field(ge=1, le=2**32 - 2)] | None = None
@@ -180,7 +175,7 @@ class DockerBackend(Backend):
             self.fixed_identity = (options.container_uid, options.container_gid)
         #: Only a root host can lease (the lock directory is root's) and give the control
         #: socket to the container's uid; a rootless one runs every container as nobody.
-        self.identities = IdentityRange(options.identity_first_uid, options.identity_count)
+        self.identities = options.identity_range()
         self.leases = self.is_root and self.fixed_identity is None
         if self.leases:
             self.identities.check()
@@ -340,10 +335,7 @@ class DockerBackend(Backend):
         lease: IdentityLease | None = None
         identity = self.fixed_identity or (NOBODY, NOBODY)
         if self.leases:
-            try:
-                lease = self.identities.lease()
-            except IdentityExhausted as exc:
-                raise BackendUnavailable(str(exc)) from exc
+            lease = self.identities.lease_for_execution()
             identity = (lease.uid, lease.gid)
         try:
             async with self._launch(request, identity) as launched:
