@@ -54,6 +54,7 @@ from psych_sandbox_core.protocol import (
 from psych_sandbox_core.protocol import limits as protocol_limits
 from psych_sandbox_core.protocol.limits import ARTIFACT_CHUNK_BYTES
 from psych_sandbox_core.registry import BackendRegistry
+from psych_sandbox_core.testing.programs import check_planted_artifacts
 
 from .conftest import FAST_LIMITS, open_fds
 
@@ -345,25 +346,8 @@ EXPECTED = {
 async def test_files_come_back_over_the_channel_with_digest_and_type() -> None:
     async with hidden_sandbox(inline_bytes=4 << 20) as box:
         result = await box.run(PLANTED, profile=PROFILE)
-        assert result.error is None, result.error
         assert result.return_value == "done"
-        got = {a.path: a for a in result.artifacts}
-        assert set(got) == set(EXPECTED)
-        for path, (data, kind) in EXPECTED.items():
-            assert got[path].sha256 == hashlib.sha256(data).hexdigest(), path
-            assert got[path].content_type == kind, path
-            assert got[path].size_bytes == len(data)
-            kept = await box.attachments.read_all(
-                got[path].attachment, tenant=result.tenant or "default", run_id=result.run_id or ""
-            )
-            assert kept == data
-        skipped = {s.path: s.reason for s in result.skipped_artifacts}
-        assert skipped == {
-            "out/leak": "symlink",
-            "out/pipe": "fifo",
-            "out/hardlink": "hard_link",
-            "out/original": "hard_link",
-        }
+        await check_planted_artifacts(box, result, EXPECTED)
 
 
 @pytest.mark.anyio

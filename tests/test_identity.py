@@ -14,6 +14,7 @@ import pytest
 
 from psych_sandbox_core import ConfigurationError, Sandbox
 from psych_sandbox_core.identity import IdentityRange
+from psych_sandbox_core.testing.programs import SECRET_SPY, secret_holder
 
 from .conftest import PROFILE, config, marker, pids_with, wait_for_pids
 
@@ -44,39 +45,8 @@ def uids_of(pid: int) -> list[int]:
 
 
 def holder(mark: str) -> str:
-    """A program that keeps a secret in its workspace and runs a marked sleeper."""
-    return src(
-        f"""
-        import subprocess, sys
-        with open("secret.txt", "w") as fh:
-            fh.write("SECRET-" + {mark!r}[::-1])
-        subprocess.run([sys.executable, "-c", "import time; time.sleep(30)", {mark!r}])
-        """
-    )
-
-
-PRYING = src(
-    """
-    import os
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            root = f"/proc/{entry}/root"
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-            with open(root + cwd + "/secret.txt") as fh:
-                found.append(fh.read())
-        except OSError:
-            pass
-        try:
-            with open(f"/proc/{entry}/cwd/secret.txt") as fh:
-                found.append(fh.read())
-        except OSError:
-            pass
-    found
-    """
-)
+    """A program that keeps a secret (derived from ``mark``) in its workspace."""
+    return secret_holder(mark, "SECRET-" + mark[::-1])
 
 
 async def test_concurrent_executions_get_distinct_uids_and_cannot_reach_each_other() -> None:
@@ -87,7 +57,7 @@ async def test_concurrent_executions_get_distinct_uids_and_cannot_reach_each_oth
         # The victim's workspace is where its secret is; the host can see it, the other
         # execution must not.
         victim_uid = uids_of(victim)[0]
-        spy = await sandbox.run(PRYING, profile=PROFILE)
+        spy = await sandbox.run(SECRET_SPY, profile=PROFILE)
         tg.cancel_scope.cancel()
     assert spy.error is None, spy.error
     assert victim_uid >= 1000

@@ -6,7 +6,6 @@ the CLI writes."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 from pathlib import Path
 from typing import Any
@@ -23,39 +22,15 @@ from psych_sandbox_core import (
 from psych_sandbox_core.artifacts import SkippedEntry
 from psych_sandbox_core.cli import main
 from psych_sandbox_core.output import OutputPolicy
+from psych_sandbox_core.testing.programs import (
+    PLANTED_ARTIFACTS,
+    PLANTED_EXPECTED,
+    check_planted_artifacts,
+)
 
 pytestmark = [requires_bwrap]
 
 PROFILE = "jail-artifacts"
-
-PROGRAM = """
-import os
-os.makedirs("out/deep")
-open("out/report.txt", "w").write("hello\\n")
-open("out/data.json", "w").write('{"a": [1, 2]}')
-open("out/deep/image.png", "wb").write(b"\\x89PNG\\r\\n\\x1a\\n" + bytes(range(256)) * 8)
-open("out/big.bin", "wb").write(bytes(range(256)) * 8192 + b"end")
-open("out/original", "w").write("linked")
-os.link("out/original", "out/hardlink")
-os.symlink("/etc/passwd", "out/leak")
-os.mkfifo("out/pipe")
-os.chdir("/")
-"done"
-"""
-
-EXPECTED = {
-    "out/report.txt": (b"hello\n", "text/plain; charset=utf-8"),
-    "out/data.json": (b'{"a": [1, 2]}', "application/json"),
-    "out/deep/image.png": (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8, "image/png"),
-    "out/big.bin": (bytes(range(256)) * 8192 + b"end", "application/octet-stream"),
-}
-SKIPPED = {
-    "out/leak": "symlink",
-    "out/pipe": "fifo",
-    "out/hardlink": "hard_link",
-    "out/original": "hard_link",
-}
-
 
 def sandbox(**policy: Any) -> Sandbox:
     profile = ProfileConfig(
@@ -67,19 +42,9 @@ def sandbox(**policy: Any) -> Sandbox:
 @pytest.mark.anyio
 async def test_files_in_the_workspace_come_back_with_digest_and_type() -> None:
     async with sandbox(inline_bytes=4 << 20) as box:
-        result = await box.run(PROGRAM, profile=PROFILE)
-        assert result.error is None, result.error
+        result = await box.run(PLANTED_ARTIFACTS, profile=PROFILE)
         assert result.backend.id == "bwrap"
-        got = {a.path: a for a in result.artifacts}
-        assert set(got) == set(EXPECTED)
-        for path, (data, kind) in EXPECTED.items():
-            assert got[path].sha256 == hashlib.sha256(data).hexdigest(), path
-            assert got[path].content_type == kind, path
-            kept = await box.attachments.read_all(
-                got[path].attachment, tenant=result.tenant or "default", run_id=result.run_id or ""
-            )
-            assert kept == data
-        assert {s.path: s.reason for s in result.skipped_artifacts} == SKIPPED
+        await check_planted_artifacts(box, result)
 
 
 @pytest.mark.anyio
@@ -109,17 +74,17 @@ async def test_a_run_killed_before_sending_says_nothing_was_collected() -> None:
 
 def test_cli_writes_the_files_under_bwrap(tmp_path: Path) -> None:
     program = tmp_path / "program.py"
-    program.write_text(PROGRAM)
+    program.write_text(PLANTED_ARTIFACTS)
     target = tmp_path / "artifacts"
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         status = main(["run", "--profile", "bwrap", "--artifacts", str(target), str(program)])
     assert status == 0, err.getvalue()
-    for path, (data, _) in EXPECTED.items():
+    for path, (data, _) in PLANTED_EXPECTED.items():
         assert (target / path).read_bytes() == data
     written = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
-    assert written == sorted(EXPECTED)
-    assert f"wrote {len(EXPECTED)} artifact(s)" in err.getvalue()
+    assert written == sorted(PLANTED_EXPECTED)
+    assert f"wrote {len(PLANTED_EXPECTED)} artifact(s)" in err.getvalue()
 
 
 def test_cli_says_why_nothing_was_collected(tmp_path: Path) -> None:

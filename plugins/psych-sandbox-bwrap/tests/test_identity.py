@@ -28,6 +28,7 @@ from bwrap_support import (
 )
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core.result import ExecutionResult
+from psych_sandbox_core.testing.programs import SECRET_SPY, secret_holder
 
 pytestmark = [requires_bwrap, needs_root, pytest.mark.anyio]
 
@@ -56,44 +57,6 @@ def deployment(bwrap: dict[str, Any], subprocess: dict[str, Any]) -> DeploymentC
     )
 
 
-def holder(mark: str, secret: str) -> str:
-    """Keeps a secret in its workspace while a marked process of it runs."""
-    return src(
-        f"""
-        import subprocess, sys
-        with open("secret.txt", "w") as fh:
-            fh.write({secret!r})
-        subprocess.run([sys.executable, "-c", "import time; time.sleep(60)", {mark!r}])
-        """
-    )
-
-
-#: Looks for secret.txt through every process it can see, by each way /proc offers.
-SPY = src(
-    """
-    import os
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        candidates = [f"/proc/{entry}/cwd/secret.txt", f"/proc/{entry}/root/workspace/secret.txt"]
-        try:
-            candidates.append(f"/proc/{entry}/root" + os.readlink(f"/proc/{entry}/cwd")
-                              + "/secret.txt")
-        except OSError:
-            pass
-        for path in candidates:
-            try:
-                with open(path) as fh:
-                    found.append(fh.read())
-            except OSError:
-                pass
-    print("looked at", len(os.listdir("/proc")), "entries")
-    found
-    """
-)
-
-
 async def spy_on_a_running_execution(
     bwrap: dict[str, Any], subprocess: dict[str, Any]
 ) -> tuple[str, list[ExecutionResult], list[str]]:
@@ -101,15 +64,15 @@ async def spy_on_a_running_execution(
     runs; return the secret, the spies' results and the host's record of opens of it."""
     mark, secret = marker(), "SECRET-" + marker()
     async with Sandbox(deployment(bwrap, subprocess)) as sandbox, anyio.create_task_group() as tg:
-        tg.start_soon(partial(sandbox.run, holder(mark, secret), profile="jail"))
+        tg.start_soon(partial(sandbox.run, secret_holder(mark, secret), profile="jail"))
         (pid,) = await wait_for_pids(mark)
         # The host (root) reaches the secret's inode through the holder's own root, and
         # watches it: any spy that opens it is seen, whatever path it took.
         path = f"/proc/{pid}/root/workspace/secret.txt"
         with opens_of(path) as opened:
             spies = [
-                await sandbox.run(SPY, profile="jail"),
-                await sandbox.run(SPY, profile="plain"),
+                await sandbox.run(SECRET_SPY, profile="jail"),
+                await sandbox.run(SECRET_SPY, profile="plain"),
             ]
         # The control: the secret was there all along, and the watch sees an open.
         with opens_of(path) as control, open(path) as fh:
@@ -123,7 +86,7 @@ async def test_two_running_executions_run_as_distinct_host_uids() -> None:
     marks = [marker(), marker()]
     async with Sandbox(deployment({}, {})) as sandbox, anyio.create_task_group() as tg:
         for mark in marks:
-            tg.start_soon(partial(sandbox.run, holder(mark, "x"), profile="jail"))
+            tg.start_soon(partial(sandbox.run, secret_holder(mark, "x"), profile="jail"))
         pids = [(await wait_for_pids(mark))[0] for mark in marks]
         uids = [uids_of(pid) for pid in pids]
         tg.cancel_scope.cancel()

@@ -4,7 +4,6 @@ types that come back, what is skipped, and the caps."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import pytest
@@ -18,33 +17,14 @@ from psych_sandbox_core import (
 )
 from psych_sandbox_core.artifacts import SkippedEntry
 from psych_sandbox_core.output import OutputPolicy
+from psych_sandbox_core.testing.programs import (
+    PLANTED_ARTIFACTS,
+    check_planted_artifacts,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("engine")]
 
 PROFILE = "box-artifacts"
-
-PROGRAM = """
-import os
-os.makedirs("out/deep")
-open("out/report.txt", "w").write("hello\\n")
-open("out/data.json", "w").write('{"a": [1, 2]}')
-open("out/deep/image.png", "wb").write(b"\\x89PNG\\r\\n\\x1a\\n" + bytes(range(256)) * 8)
-open("out/big.bin", "wb").write(bytes(range(256)) * 8192 + b"end")
-open("out/original", "w").write("linked")
-os.link("out/original", "out/hardlink")
-os.symlink("/etc/passwd", "out/leak")
-os.mkfifo("out/pipe")
-os.chdir("/")
-"done"
-"""
-
-EXPECTED = {
-    "out/report.txt": (b"hello\n", "text/plain; charset=utf-8"),
-    "out/data.json": (b'{"a": [1, 2]}', "application/json"),
-    "out/deep/image.png": (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8, "image/png"),
-    "out/big.bin": (bytes(range(256)) * 8192 + b"end", "application/octet-stream"),
-}
-
 
 def sandbox(**policy: Any) -> Sandbox:
     profile = ProfileConfig(
@@ -58,24 +38,9 @@ def sandbox(**policy: Any) -> Sandbox:
 
 async def test_files_in_the_container_come_back_with_digest_and_type() -> None:
     async with sandbox(inline_bytes=4 << 20) as box:
-        result = await box.run(PROGRAM, profile=PROFILE)
-        assert result.error is None, result.error
+        result = await box.run(PLANTED_ARTIFACTS, profile=PROFILE)
         assert result.backend.id == "docker"
-        got = {a.path: a for a in result.artifacts}
-        assert set(got) == set(EXPECTED)
-        for path, (data, kind) in EXPECTED.items():
-            assert got[path].sha256 == hashlib.sha256(data).hexdigest(), path
-            assert got[path].content_type == kind, path
-            kept = await box.attachments.read_all(
-                got[path].attachment, tenant=result.tenant or "default", run_id=result.run_id or ""
-            )
-            assert kept == data
-        assert {s.path: s.reason for s in result.skipped_artifacts} == {
-            "out/leak": "symlink",
-            "out/pipe": "fifo",
-            "out/hardlink": "hard_link",
-            "out/original": "hard_link",
-        }
+        await check_planted_artifacts(box, result)
 
 
 async def test_caps_and_the_output_folder_hold() -> None:

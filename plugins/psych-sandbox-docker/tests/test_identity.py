@@ -31,6 +31,7 @@ from docker_support import (
 )
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core.result import ExecutionResult
+from psych_sandbox_core.testing.programs import SECRET_SPY, secret_holder
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("engine")]
 
@@ -67,44 +68,6 @@ def deployment(docker: dict[str, Any], subprocess: dict[str, Any]) -> Deployment
     )
 
 
-def holder(mark: str, secret: str) -> str:
-    """Keeps a secret in its workspace while a marked process of it runs."""
-    return src(
-        f"""
-        import subprocess, sys
-        with open("secret.txt", "w") as fh:
-            fh.write({secret!r})
-        subprocess.run([sys.executable, "-c", "import time; time.sleep(60)", {mark!r}])
-        """
-    )
-
-
-#: Looks for secret.txt through every process it can see, by each way /proc offers.
-SPY = src(
-    """
-    import os
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        candidates = [f"/proc/{entry}/cwd/secret.txt", f"/proc/{entry}/root/workspace/secret.txt"]
-        try:
-            candidates.append(f"/proc/{entry}/root" + os.readlink(f"/proc/{entry}/cwd")
-                              + "/secret.txt")
-        except OSError:
-            pass
-        for path in candidates:
-            try:
-                with open(path) as fh:
-                    found.append(fh.read())
-            except OSError:
-                pass
-    print("looked at", len(os.listdir("/proc")), "entries")
-    found
-    """
-)
-
-
 async def spy_on_a_running_container(
     docker: dict[str, Any], subprocess: dict[str, Any]
 ) -> tuple[str, list[ExecutionResult], list[str], int]:
@@ -113,7 +76,7 @@ async def spy_on_a_running_container(
     and the holder's host uid."""
     mark, secret = marker(), "SECRET-" + marker()
     async with Sandbox(deployment(docker, subprocess)) as sandbox, anyio.create_task_group() as tg:
-        tg.start_soon(partial(sandbox.run, holder(mark, secret), profile=PROFILE))
+        tg.start_soon(partial(sandbox.run, secret_holder(mark, secret), profile=PROFILE))
         (pid,) = await wait_until(lambda: pids_with(mark))
         uid = uids_of(pid)[0]
         # The host (root) reaches the secret's inode through the holder's own root, and
@@ -121,8 +84,8 @@ async def spy_on_a_running_container(
         path = f"/proc/{pid}/root/workspace/secret.txt"
         with opens_of(path) as opened:
             spies = [
-                await sandbox.run(SPY, profile=PROFILE),
-                await sandbox.run(SPY, profile="plain"),
+                await sandbox.run(SECRET_SPY, profile=PROFILE),
+                await sandbox.run(SECRET_SPY, profile="plain"),
             ]
         # The control: the secret was there all along, and the watch sees an open.
         with opens_of(path) as control, open(path) as fh:
@@ -136,7 +99,7 @@ async def test_two_running_containers_run_as_distinct_host_uids() -> None:
     marks = [marker(), marker()]
     async with Sandbox(deployment({}, {})) as sandbox, anyio.create_task_group() as tg:
         for mark in marks:
-            tg.start_soon(partial(sandbox.run, holder(mark, "x"), profile=PROFILE))
+            tg.start_soon(partial(sandbox.run, secret_holder(mark, "x"), profile=PROFILE))
         pids = [(await wait_until(lambda mark=mark: pids_with(mark)))[0] for mark in marks]
         uids = [uids_of(pid) for pid in pids]
         tg.cancel_scope.cancel()

@@ -1,0 +1,108 @@
+"""Programs the backends' tests run, and what the host must see of them, written once.
+
+Every backend is asked the same questions (can one execution read another's workspace? do the
+files a program leaves come back whole, and are the tricky ones skipped?), so the program and
+the expected answer live here rather than in each plugin's tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import textwrap
+
+from ..result import ExecutionResult
+from ..sandbox import Sandbox
+
+
+def secret_holder(mark: str, secret: str) -> str:
+    """A program that keeps ``secret`` in its workspace while a process carrying ``mark``
+    runs, so another execution can be set to look for it."""
+    return textwrap.dedent(
+        f"""
+        import subprocess, sys
+        with open("secret.txt", "w") as fh:
+            fh.write({secret!r})
+        subprocess.run([sys.executable, "-c", "import time; time.sleep(60)", {mark!r}])
+        """
+    ).lstrip("\n")
+
+
+#: Looks for secret.txt through every process it can see, by each way /proc offers, and
+#: returns what it read (the list must come back empty).
+SECRET_SPY = textwrap.dedent(
+    """
+    import os
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        candidates = [f"/proc/{entry}/cwd/secret.txt", f"/proc/{entry}/root/workspace/secret.txt"]
+        try:
+            candidates.append(f"/proc/{entry}/root" + os.readlink(f"/proc/{entry}/cwd")
+                              + "/secret.txt")
+        except OSError:
+            pass
+        for path in candidates:
+            try:
+                with open(path) as fh:
+                    found.append(fh.read())
+            except OSError:
+                pass
+    print("looked at", len(os.listdir("/proc")), "entries")
+    found
+    """
+).lstrip("\n")
+
+#: Leaves files worth collecting and every kind of entry a collection must skip.
+PLANTED_ARTIFACTS = """
+import os
+os.makedirs("out/deep")
+open("out/report.txt", "w").write("hello\\n")
+open("out/data.json", "w").write('{"a": [1, 2]}')
+open("out/deep/image.png", "wb").write(b"\\x89PNG\\r\\n\\x1a\\n" + bytes(range(256)) * 8)
+open("out/big.bin", "wb").write(bytes(range(256)) * 8192 + b"end")
+open("out/original", "w").write("linked")
+os.link("out/original", "out/hardlink")
+os.symlink("/etc/passwd", "out/leak")
+os.mkfifo("out/pipe")
+os.chdir("/")
+"done"
+"""
+
+#: What PLANTED_ARTIFACTS must hand back: path -> (bytes, sniffed content type).
+PLANTED_EXPECTED: dict[str, tuple[bytes, str]] = {
+    "out/report.txt": (b"hello\n", "text/plain; charset=utf-8"),
+    "out/data.json": (b'{"a": [1, 2]}', "application/json"),
+    "out/deep/image.png": (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8, "image/png"),
+    "out/big.bin": (bytes(range(256)) * 8192 + b"end", "application/octet-stream"),
+}
+
+#: What PLANTED_ARTIFACTS must list as skipped, and why.
+PLANTED_SKIPPED = {
+    "out/leak": "symlink",
+    "out/pipe": "fifo",
+    "out/hardlink": "hard_link",
+    "out/original": "hard_link",
+}
+
+
+async def check_planted_artifacts(
+    sandbox: Sandbox,
+    result: ExecutionResult,
+    expected: dict[str, tuple[bytes, str]] = PLANTED_EXPECTED,
+    skipped: dict[str, str] = PLANTED_SKIPPED,
+) -> None:
+    """Every expected file came back whole (digest, type, size, the stored bytes), nothing
+    else did, and every trick was listed as skipped for its reason."""
+    assert result.error is None, result.error
+    got = {artifact.path: artifact for artifact in result.artifacts}
+    assert set(got) == set(expected), sorted(got)
+    for path, (data, kind) in expected.items():
+        assert got[path].sha256 == hashlib.sha256(data).hexdigest(), path
+        assert got[path].content_type == kind, path
+        assert got[path].size_bytes == len(data), path
+        kept = await sandbox.attachments.read_all(
+            got[path].attachment, tenant=result.tenant or "default", run_id=result.run_id or ""
+        )
+        assert kept == data, path
+    assert {entry.path: entry.reason for entry in result.skipped_artifacts} == skipped
