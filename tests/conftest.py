@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from psych_sandbox_core.testing.host import (  # noqa: F401
     marker,
     open_fds,
     pids_with,
+    private_tempdir,
     wait_for_pids,
 )
 
@@ -57,24 +56,12 @@ async def run(source: str, **limits: Any) -> Any:
 
 
 @pytest.fixture
-def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def private_tmp() -> Iterator[Path]:
     """Point the host's temp dir at a fresh directory, so what an execution leaves behind
     is visible there and not mixed with anyone else's files."""
-    root = Path(tempfile.mkdtemp(prefix="psych-test-tmp-"))
-    # The program runs as another uid; it must be able to reach its workspace below here.
-    os.chmod(root, 0o755)
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    try:
-        yield root
-    finally:
-        monkeypatch.undo()
-        _force_remove(root)
+    with private_tempdir() as root:
+        yield Path(root)
 
-
-def _force_remove(root: Path) -> None:
-    from psych_sandbox_core.workspace import remove_tree
-
-    remove_tree(str(root))
 
 
 def sleeper_argv_source(mark: str) -> str:

@@ -45,7 +45,7 @@ from ..profiles import DeploymentConfig, ProfileConfig
 from ..result import ExecutionResult
 from ..sandbox import Sandbox
 from ..terms import ExecutionLimits
-from .host import environ_of, marker, opens_of, pids_with, wait_for_pids
+from .host import environ_of, marker, opens_of, pids_with, private_tempdir, wait_for_pids
 
 #: A daemon that escapes the program's session and ignores SIGTERM: started, and known to be
 #: running (it writes to a pipe), before the program goes on.
@@ -148,19 +148,10 @@ class BackendConformance:
         return "asyncio"
 
     @pytest.fixture
-    def private_tmp(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    def private_tmp(self) -> Iterator[Path]:
         """The host's temporary directory, fresh and private to the test."""
-        root = Path(tempfile.mkdtemp(prefix="psych-conformance-"))
-        # The program may run as another uid; it must reach its workspace below here.
-        os.chmod(root, 0o755)
-        monkeypatch.setattr(tempfile, "tempdir", str(root))
-        try:
-            yield root
-        finally:
-            monkeypatch.undo()
-            from ..workspace import remove_tree
-
-            remove_tree(str(root))
+        with private_tempdir("psych-conformance-") as root:
+            yield Path(root)
 
     def _nothing_left(self, mark: str) -> None:
         if self.processes_visible:

@@ -131,3 +131,23 @@ async def wait_until(predicate: Callable[[], T], deadline: float = 30.0) -> T:
             if value:
                 return value
             await anyio.sleep(0.02)
+
+
+@contextmanager
+def private_tempdir(prefix: str = "psych-test-tmp-") -> Iterator[str]:
+    """Make the host's temporary directory a fresh one for the duration, so what an execution
+    leaves behind shows there and nowhere else; removed (without following links) after."""
+    import tempfile
+
+    from ..workspace import remove_tree
+
+    root = tempfile.mkdtemp(prefix=prefix)
+    # The program may run as another uid; it must reach its workspace below here.
+    os.chmod(root, 0o755)
+    previous = tempfile.tempdir
+    tempfile.tempdir = root
+    try:
+        yield root
+    finally:
+        tempfile.tempdir = previous
+        remove_tree(root)
