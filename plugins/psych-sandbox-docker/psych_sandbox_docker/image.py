@@ -294,33 +294,38 @@ def build_local_image(tag: str = DEFAULT_TAG, *, engine: str = "docker") -> str:
         raise ImageBuildError(f"cannot run {engine!r}: {exc}") from exc
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
 
-    # Drain the engine's output while streaming, so neither side can block.
-    captured: dict[str, bytes] = {}
+    # The Popen context closes all three pipes however this ends (an unclosed reader is a
+    # leaked fd, and a ResourceWarning under a strict warning filter).
+    with proc:
+        # Drain the engine's output while streaming, so neither side can block.
+        captured: dict[str, bytes] = {}
 
-    def drain(name: str, stream: IO[bytes]) -> None:
-        captured[name] = stream.read()
+        def drain(name: str, stream: IO[bytes]) -> None:
+            captured[name] = stream.read()
 
-    readers = [
-        threading.Thread(target=drain, args=("out", proc.stdout), daemon=True),
-        threading.Thread(target=drain, args=("err", proc.stderr), daemon=True),
-    ]
-    for t in readers:
-        t.start()
-    write_error: BaseException | None = None
-    try:
-        write_rootfs_tar(proc.stdin)
-    except BrokenPipeError as exc:
-        write_error = exc  # the engine gave up; its stderr says why
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.close()
-    rc = proc.wait()
-    for t in readers:
-        t.join()
+        readers = [
+            threading.Thread(target=drain, args=("out", proc.stdout), daemon=True),
+            threading.Thread(target=drain, args=("err", proc.stderr), daemon=True),
+        ]
+        for t in readers:
+            t.start()
+        write_error: BaseException | None = None
+        try:
+            write_rootfs_tar(proc.stdin)
+        except BrokenPipeError as exc:
+            write_error = exc  # the engine gave up; its stderr says why
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            for t in readers:
+                t.join()  # they end at the dead engine's EOF, before the pipes close
+            raise
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
+        rc = proc.wait()
+        for t in readers:
+            t.join()
     stderr = captured.get("err", b"").decode(errors="replace").strip()
     stdout = captured.get("out", b"").decode(errors="replace").strip()
     if rc != 0 or write_error is not None:
