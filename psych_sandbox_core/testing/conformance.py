@@ -379,7 +379,7 @@ class BackendConformance:
         mark = marker()
         program = tmp_path / "program.py"
         program.write_text(
-            DAEMON.format(mark=mark) + f"print('partial', {mark!r}, flush=True)\n"
+            DAEMON.format(mark=mark) + f"print('partial', {mark!r})\n"
             "await ready()\nwhile True:\n    time.sleep(1)\n"
         )
         tools = tmp_path / "tools.py"
