@@ -98,6 +98,45 @@ def ready():
 """
 
 
+async def cli_at_ready(
+    source: str,
+    config: DeploymentConfig,
+    profile: str,
+    files: Path,
+    tmpdir: Path,
+    *options: str,
+    stdout: int = subprocess.PIPE,
+) -> subprocess.Popen[str]:
+    """A real ``psych-sandbox run`` process whose program ran ``source``, called ``ready()``
+    and now blocks; its inputs are written under ``files``, its temporary directory is
+    ``tmpdir``. The caller ends the process."""
+    program = files / "program.py"
+    program.write_text(source + "await ready()\nimport time\nwhile True:\n    time.sleep(1)\n")
+    tools = files / "tools.py"
+    tools.write_text(READY_TOOLS)
+    settings = files / "config.toml"
+    settings.write_text(config_toml(config))
+    ready_read, ready_write = os.pipe()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PSYCH_TEST_READY_FD": str(ready_write)}
+    env.pop("PSYCH_SANDBOX_CONFIG", None)
+    try:
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "psych_sandbox_core.cli", "run", str(program),
+             "--profile", profile, "--config", str(settings), "--tools", str(tools), *options],
+            env=env, pass_fds=(ready_write,), stdout=stdout, stderr=subprocess.PIPE, text=True,
+        )
+    finally:
+        os.close(ready_write)
+    with os.fdopen(ready_read, "rb") as ready:
+        # EOF instead means the CLI ended before the program got this far.
+        said = await anyio.to_thread.run_sync(ready.readline)
+    if said != b"ready\n":
+        cli.kill()
+        out, err = cli.communicate()
+        raise AssertionError(f"the program never got going: {out}{err}")
+    return cli
+
+
 def config_toml(config: DeploymentConfig) -> str:
     """``config`` as the TOML file the CLI reads (scalar settings and lists of them)."""
     lines: list[str] = []
@@ -377,36 +416,9 @@ class BackendConformance:
     ) -> None:
         # tmp_path comes first, so it is not made inside the private temporary directory.
         mark = marker()
-        program = tmp_path / "program.py"
-        program.write_text(
-            DAEMON.format(mark=mark) + f"print('partial', {mark!r})\n"
-            "await ready()\nwhile True:\n    time.sleep(1)\n"
-        )
-        tools = tmp_path / "tools.py"
-        tools.write_text(READY_TOOLS)
-        settings = tmp_path / "config.toml"
-        settings.write_text(config_toml(self.config()))
-        ready_read, ready_write = os.pipe()
-        # The host's temporary directory, for the CLI, is the test's private one.
-        env = {**os.environ, "TMPDIR": str(private_tmp), "PSYCH_TEST_READY_FD": str(ready_write)}
-        env.pop("PSYCH_SANDBOX_CONFIG", None)
+        source = DAEMON.format(mark=mark) + f"print('partial', {mark!r})\n"
+        cli = await cli_at_ready(source, self.config(), self.profile, tmp_path, private_tmp)
         try:
-            cli = subprocess.Popen(
-                [sys.executable, "-m", "psych_sandbox_core.cli", "run", str(program),
-                 "--profile", self.profile, "--config", str(settings), "--tools", str(tools)],
-                env=env, pass_fds=(ready_write,), stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True,
-            )
-        finally:
-            os.close(ready_write)
-        try:
-            with os.fdopen(ready_read, "rb") as ready:
-                # EOF instead means the CLI ended before the program got this far.
-                said = await anyio.to_thread.run_sync(ready.readline)
-            if said != b"ready\n":
-                cli.kill()
-                out, err = cli.communicate()
-                raise AssertionError(f"the program never got going: {out}{err}")
             if self.processes_visible:
                 assert await wait_for_pids(mark)
             during = sorted(p.name for p in private_tmp.iterdir())
