@@ -139,8 +139,16 @@ def _command_run(args: argparse.Namespace) -> int:
                 watchers.start_soon(watch)
                 try:
                     outcome = await run_cancellable(cancel)
+                except Exception as exc:
+                    # Raised again below, outside the task group, which would otherwise
+                    # wrap it in an exception group (a configuration or --artifacts error).
+                    failure: Exception | None = exc
+                else:
+                    failure = None
                 finally:
                     watchers.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
         return outcome
 
     async def run_cancellable(cancel: anyio.Event) -> ExecutionResult:
