@@ -201,10 +201,12 @@ async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory:
     )
     for path in partial:
         print(
-            f"psych-sandbox: {visible(path)}: only a preview was kept; not written",
+            f"{SUMMARY_MARK} psych-sandbox: {visible(path)}: only a preview was kept; not written",
             file=sys.stderr,
         )
-    print(f"psych-sandbox: {export_note(len(written), directory, result)}", file=sys.stderr)
+    # Marked like the report: the program's stderr is printed on the same stream.
+    note = export_note(len(written), directory, result)
+    print(f"{SUMMARY_MARK} psych-sandbox: {note}", file=sys.stderr)
 
 
 def result_as_json(result: ExecutionResult) -> dict[str, Any]:

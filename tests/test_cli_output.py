@@ -4,6 +4,7 @@ and nothing it wrote can pass for the CLI's own report. ``--json`` is the exact 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import unicodedata
@@ -188,3 +189,27 @@ def test_json_output_is_the_exact_record(tmp_path: Path) -> None:
     assert sorted(s["path"] for s in data["skipped_artifacts"]) == sorted(
         ["name\nwith newline", "esc\x1b[31m.txt", "bidi\\xe2\\x80\\xaetxt.exe"]
     )
+
+
+def test_a_terminal_that_cannot_show_a_character_gets_its_escape(tmp_path: Path) -> None:
+    program = tmp_path / "program.py"
+    program.write_text("print('h\\u00e9llo')\n'\\u00e9'\n")
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "psych_sandbox_core.cli",
+            "run",
+            str(program),
+            "--profile",
+            "subprocess",
+        ],
+        capture_output=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+    )
+    assert completed.returncode == 0, completed
+    out = completed.stdout.decode("ascii").splitlines()
+    assert out[0] == f"{GUTTER}h\\xe9llo"
+    assert '\\u25c6 returned: "\\u00e9"' in out

@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 from psych_sandbox_core import DeploymentConfig, ProfileConfig
+from psych_sandbox_core.cli import main
 from psych_sandbox_core.testing.conformance import cli_at_ready
 
 from .conftest import PROFILE, config
@@ -86,3 +87,13 @@ async def test_a_warm_profile_is_cancelled_and_cleaned_up_too(
     assert "  | so far\n" in out and "\u25c6 failed: cancelled: " in out, out
     assert "Traceback" not in out + err
     assert list(private_tmp.iterdir()) == []
+
+
+def test_an_error_during_the_run_is_reported_as_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Raised inside the signal watcher's task group, it still reaches the command's handler.
+    program = tmp_path / "program.py"
+    program.write_text("1\n")
+    assert main(["run", "--profile", "no-such-profile", str(program)]) == 2
+    assert "configuration error: no profile named 'no-such-profile'" in capsys.readouterr().err
