@@ -47,6 +47,7 @@ from .blobstore import BlobAddress, BlobNotFound, BlobStore
 from .errors import SandboxError
 from .output import OutputPolicy, Preview, StreamCapture, make_preview
 from .pattern_search import SearchResult, search_bytes
+from .visible import visible
 
 if TYPE_CHECKING:
     from .result import ExecutionFailure, ExecutionResult, StreamOutput
@@ -682,23 +683,24 @@ def summary_lines(
     attachments: list[Attachment], artifacts: list[ArtifactInfo], skipped: list[SkippedEntry],
     skipped_unlisted: int = 0,
 ) -> list[str]:
-    """Lines listing attachments and artifacts, for a person reading the CLI's output."""
+    """Lines listing attachments and artifacts, for a person reading the CLI's output (names
+    and paths are the program's: shown through visible)."""
     lines: list[str] = []
     for attachment in attachments:
         if attachment.size_bytes == 0:
             continue  # an empty stream has nothing to read back
         where = {"inline": "inline", "blob": "stored", "preview_only": "preview only"}
         lines.append(
-            f"attachment {attachment.name}: {attachment.size_bytes} bytes, "
+            f"attachment {visible(attachment.name)}: {attachment.size_bytes} bytes, "
             f"{attachment.content_type}, {where[attachment.stored]} ({attachment.handle})"
         )
     for artifact in artifacts:
         lines.append(
-            f"artifact {artifact.path}: {artifact.size_bytes} bytes, {artifact.content_type}, "
-            f"sha256 {artifact.sha256[:16]}…"
+            f"artifact {visible(artifact.path)}: {artifact.size_bytes} bytes, "
+            f"{artifact.content_type}, sha256 {artifact.sha256[:16]}…"
         )
     for entry in skipped:
-        lines.append(f"skipped {entry.path}: {entry.reason}")
+        lines.append(f"skipped {visible(entry.path)}: {visible(entry.reason)}")
     if skipped_unlisted:
         lines.append(f"skipped {skipped_unlisted} more entries")
     return lines

@@ -1,14 +1,22 @@
 """The ``psych-sandbox`` command.
 
 Exit status: 0 when the program succeeded, 1 when it failed, 2 for usage or configuration
-errors.
+errors, 128 + the signal's number when SIGINT, SIGTERM or SIGHUP cancelled the run (130, 143,
+129).
+
+Human output shows everything foreign through :func:`visible.visible`: the program's streams
+and tracebacks as blocks of lines under a gutter, and every line of the run's report starting
+with :data:`visible.SUMMARY_MARK`, which foreign text can never show.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
+import os
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -24,10 +32,15 @@ from .doctor import command_doctor, command_profiles
 from .errors import ConfigurationError
 from .result import ExecutionResult
 from .sandbox import Sandbox
+from .visible import SUMMARY_MARK, visible
 
 EXIT_OK = 0
 EXIT_PROGRAM_FAILED = 1
 EXIT_USAGE = 2
+
+#: Signals that cancel a run: the execution is torn down, its partial result printed, and the
+#: command exits with 128 + the signal's number, as a shell reports a process it killed.
+CANCEL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"psych-sandbox: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # Interrupted before a run began (while reading the program or loading tools):
+        # nothing was created yet, so there is nothing to report or clean.
+        return 128 + signal.SIGINT
 
 
 def _read_source(name: str) -> str:
@@ -104,13 +121,44 @@ def _command_run(args: argparse.Namespace) -> int:
 
     bindings = load_function_tools(args.tools) if args.tools is not None else None
 
+    received: list[int] = []
+
     async def run() -> ExecutionResult:
+        cancel = anyio.Event()
+        # Taken before anything is created, so a signal at any point from here on cancels
+        # through the one path an embedding application uses too (Sandbox.run's cancel event)
+        # and every temporary file, process and container goes with the execution.
+        with anyio.open_signal_receiver(*CANCEL_SIGNALS) as signals:
+            async with anyio.create_task_group() as watchers:
+
+                async def watch() -> None:
+                    async for signum in signals:
+                        received.append(signum)
+                        cancel.set()
+
+                watchers.start_soon(watch)
+                try:
+                    outcome = await run_cancellable(cancel)
+                except Exception as exc:
+                    # Raised again below, outside the task group, which would otherwise
+                    # wrap it in an exception group (a configuration or --artifacts error).
+                    failure: Exception | None = exc
+                else:
+                    failure = None
+                finally:
+                    watchers.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return outcome
+
+    async def run_cancellable(cancel: anyio.Event) -> ExecutionResult:
         # Results too large to hand over whole are paged from a store that lives for this run.
         with tempfile.TemporaryDirectory(prefix="psych-tool-results-") as store:
             blob_store = FilesystemBlobStore(store)
             async with Sandbox(args.config, blob_store=blob_store) as sandbox:
                 outcome = await sandbox.run(
-                    source, profile=args.profile, timeout=args.timeout, bindings=bindings
+                    source, profile=args.profile, timeout=args.timeout, bindings=bindings,
+                    cancel=cancel,
                 )
                 if args.artifacts is not None:
                     await _write_artifacts(sandbox, outcome, args.artifacts)
@@ -119,12 +167,27 @@ def _command_run(args: argparse.Namespace) -> int:
     try:
         result = anyio.run(run)
     except ArtifactExportError as exc:
-        print(f"psych-sandbox: --artifacts: {exc}", file=sys.stderr)
+        print(f"psych-sandbox: --artifacts: {visible(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
-    if args.json:
-        print(json.dumps(result_as_json(result)))
-    else:
-        print_summary(result)
+    try:
+        if args.json:
+            print(json.dumps(result_as_json(result)))
+        else:
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, io.TextIOWrapper):
+                    # A terminal that cannot show a character gets its escape, not a crash.
+                    stream.reconfigure(errors="backslashreplace")
+            print_summary(result)
+        sys.stdout.flush()
+    except OSError:
+        # Nobody reads any more (a closed pipe, a terminal hung up): the exit status is all
+        # that can still be said. Later writes, and the flush at exit, go nowhere quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())
+        os.close(devnull)
+    if received:
+        return 128 + received[0]
     return EXIT_OK if result.ok else EXIT_PROGRAM_FAILED
 
 
@@ -137,8 +200,13 @@ async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory:
         directory=directory,
     )
     for path in partial:
-        print(f"psych-sandbox: {path}: only a preview was kept; not written", file=sys.stderr)
-    print(f"psych-sandbox: {export_note(len(written), directory, result)}", file=sys.stderr)
+        print(
+            f"{SUMMARY_MARK} psych-sandbox: {visible(path)}: only a preview was kept; not written",
+            file=sys.stderr,
+        )
+    # Marked like the report: the program's stderr is printed on the same stream.
+    note = export_note(len(written), directory, result)
+    print(f"{SUMMARY_MARK} psych-sandbox: {note}", file=sys.stderr)
 
 
 def result_as_json(result: ExecutionResult) -> dict[str, Any]:
@@ -146,28 +214,35 @@ def result_as_json(result: ExecutionResult) -> dict[str, Any]:
 
 
 def print_summary(result: ExecutionResult) -> None:
+    """The result for a person: the program's streams as blocks under a gutter (stdout here,
+    stderr on stderr), then the report, each of its lines after the summary mark."""
     out = sys.stdout
+
+    def say(line: str) -> None:
+        out.write(f"{SUMMARY_MARK} {line}\n")
+
     if result.stdout:
-        out.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+        out.write(visible(result.stdout, block=True) + "\n")
+        out.flush()  # before stderr, so the two keep their order on one terminal
     if result.stderr:
-        sys.stderr.write(result.stderr if result.stderr.endswith("\n") else result.stderr + "\n")
+        sys.stderr.write(visible(result.stderr, block=True) + "\n")
+        sys.stderr.flush()
     info = result.stdout_info
     if info.dropped_bytes:
-        out.write(f"[stdout: {info.dropped_bytes} bytes past the capture cap were dropped]\n")
-    print("---", file=out)
+        say(f"stdout: {info.dropped_bytes} bytes past the capture cap were dropped")
     for line in summary_lines(
         result.attachments, result.artifacts, result.skipped_artifacts,
         result.skipped_artifacts_unlisted,
     ):
-        print(line, file=out)
+        say(line)
     if result.error is None:
-        print(f"returned: {json.dumps(result.return_value)}", file=out)
+        say(f"returned: {visible(json.dumps(result.return_value))}")
     else:
         error = result.error
-        print(f"failed: {error.kind.value}: {error.message}", file=out)
+        say(f"failed: {error.kind.value}: {visible(error.message)}")
         if error.traceback:
-            out.write(error.traceback if error.traceback.endswith("\n") else error.traceback + "\n")
-        print(f"guidance: {error.guidance}", file=out)
+            out.write(visible(error.traceback, block=True) + "\n")
+        say(f"guidance: {error.guidance}")
     usage = result.usage
     cpu = "not measured" if usage.cpu_seconds is None else f"{usage.cpu_seconds:.3f} s"
     memory = (
@@ -175,10 +250,9 @@ def print_summary(result: ExecutionResult) -> None:
         if usage.peak_memory_bytes is None
         else f"{usage.peak_memory_bytes / 1048576:.1f} MiB"
     )
-    print(
+    say(
         f"profile {result.profile} · backend {result.backend.id} · level {result.level} · "
-        f"wall {usage.wall_seconds:.3f} s · cpu {cpu} · peak memory {memory}",
-        file=out,
+        f"wall {usage.wall_seconds:.3f} s · cpu {cpu} · peak memory {memory}"
     )
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -86,6 +88,71 @@ HOSTILE_FRAMES = {
 }
 
 
+#: The tools file of a CLI run: ``ready()`` tells the test, over a pipe it inherited, that
+#: the program has printed and is about to block (the CLI itself shows nothing until the end).
+READY_TOOLS = """
+import os
+
+def ready():
+    os.write(int(os.environ["PSYCH_TEST_READY_FD"]), b"ready\\n")
+"""
+
+
+async def cli_at_ready(
+    source: str,
+    config: DeploymentConfig,
+    profile: str,
+    files: Path,
+    tmpdir: Path,
+    *options: str,
+    stdout: int = subprocess.PIPE,
+) -> subprocess.Popen[str]:
+    """A real ``psych-sandbox run`` process whose program ran ``source``, called ``ready()``
+    and now blocks; its inputs are written under ``files``, its temporary directory is
+    ``tmpdir``. The caller ends the process."""
+    program = files / "program.py"
+    program.write_text(source + "await ready()\nimport time\nwhile True:\n    time.sleep(1)\n")
+    tools = files / "tools.py"
+    tools.write_text(READY_TOOLS)
+    settings = files / "config.toml"
+    settings.write_text(config_toml(config))
+    ready_read, ready_write = os.pipe()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PSYCH_TEST_READY_FD": str(ready_write)}
+    env.pop("PSYCH_SANDBOX_CONFIG", None)
+    try:
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "psych_sandbox_core.cli", "run", str(program),
+             "--profile", profile, "--config", str(settings), "--tools", str(tools), *options],
+            env=env, pass_fds=(ready_write,), stdout=stdout, stderr=subprocess.PIPE, text=True,
+        )
+    finally:
+        os.close(ready_write)
+    with os.fdopen(ready_read, "rb") as ready:
+        # EOF instead means the CLI ended before the program got this far.
+        said = await anyio.to_thread.run_sync(ready.readline)
+    if said != b"ready\n":
+        cli.kill()
+        out, err = cli.communicate()
+        raise AssertionError(f"the program never got going: {out}{err}")
+    return cli
+
+
+def config_toml(config: DeploymentConfig) -> str:
+    """``config`` as the TOML file the CLI reads (scalar settings and lists of them)."""
+    lines: list[str] = []
+    for name, profile in config.profiles.items():
+        lines.append(f"[profiles.{json.dumps(name)}]")
+        if profile.backend is not None:
+            lines.append(f"backend = {json.dumps(profile.backend)}")
+        for table, values in (
+            ("options", profile.options),
+            ("limits", profile.limits.model_dump(exclude_unset=True)),
+        ):
+            lines.append(f"[profiles.{json.dumps(name)}.{table}]")
+            lines.extend(f"{key} = {json.dumps(value)}" for key, value in values.items())
+    return "\n".join(lines) + "\n"
+
+
 class BackendConformance:
     """Tests every backend must pass. Subclasses set the class attributes below; the hooks
     (:meth:`leftovers`) may be overridden."""
@@ -132,6 +199,15 @@ class BackendConformance:
 
     def leftovers(self) -> list[str]:
         """What the backend left behind after its sandbox closed (containers, say): empty."""
+        return []
+
+    #: Whether an execution holds something outside the host's process tree and temporary
+    #: directory (a container), which :meth:`resources_of` finds.
+    holds_resources: ClassVar[bool] = False
+
+    def resources_of(self, host_pid: int) -> list[str]:
+        """What the backend holds for executions the host process ``host_pid`` runs, outside
+        that process's tree and temporary directory (its containers, say)."""
         return []
 
     async def run(
@@ -330,6 +406,40 @@ class BackendConformance:
         # Teardown is part of the cancelled run: nothing may still be dying once it returned.
         self._nothing_left(mark)
         assert list(private_tmp.iterdir()) == []
+
+    @pytest.mark.anyio
+    @pytest.mark.parametrize(
+        "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name
+    )
+    async def test_a_signal_to_the_cli_cancels_the_run_and_leaves_nothing(
+        self, signum: int, tmp_path: Path, private_tmp: Path
+    ) -> None:
+        # tmp_path comes first, so it is not made inside the private temporary directory.
+        mark = marker()
+        source = DAEMON.format(mark=mark) + f"print('partial', {mark!r})\n"
+        cli = await cli_at_ready(source, self.config(), self.profile, tmp_path, private_tmp)
+        try:
+            if self.processes_visible:
+                assert await wait_for_pids(mark)
+            during = sorted(p.name for p in private_tmp.iterdir())
+            assert any(name.startswith("psych-canary-") for name in during), during
+            held = self.resources_of(cli.pid)
+            assert bool(held) == self.holds_resources, held
+            cli.send_signal(signum)
+            out, err = await anyio.to_thread.run_sync(cli.communicate)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+                cli.communicate()
+        assert cli.returncode == 128 + signum, (cli.returncode, out, err)
+        assert f"  | partial {mark}\n" in out, out
+        assert "\u25c6 failed: cancelled: " in out, out
+        assert "Traceback" not in out + err, out + err
+        # Everything the run created in the temporary directory went with it.
+        left = sorted(p.name for p in private_tmp.iterdir())
+        assert left == [], left
+        self._nothing_left(mark)
+        assert self.resources_of(cli.pid) == []
 
     @pytest.mark.anyio
     async def test_canary_and_listeners_agree_with_the_grades(self) -> None:

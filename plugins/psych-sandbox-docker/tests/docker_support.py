@@ -23,7 +23,12 @@ from psych_sandbox_core.testing.host import (  # noqa: F401
 )
 from psych_sandbox_core.testing.requirements import skip_unless_required  # noqa: F401
 
-from psych_sandbox_docker.engine import OWNER_LABEL, current_owner
+from psych_sandbox_docker.engine import (
+    CGROUP_ROOT,
+    OWNER_LABEL,
+    cgroup_controllers,
+    current_owner,
+)
 from psych_sandbox_docker.image import DEFAULT_TAG, build_local_image
 
 PROFILE = "box"
@@ -73,6 +78,25 @@ def leftover_containers() -> list[str]:
         capture_output=True, text=True, timeout=30, check=True,
     )
     return listed.stdout.split()
+
+
+def held_by(host_pid: int) -> list[str]:
+    """The containers and cgroup directories of executions run by the host process
+    ``host_pid`` (another process: a CLI run), found by the owner they are labelled and named
+    with."""
+    listed = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"label={OWNER_LABEL}",
+         "--format", f'{{{{.ID}}}} {{{{.Label "{OWNER_LABEL}"}}}}'],
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    held = [
+        f"container {ident}"
+        for ident, _, owner in (line.partition(" ") for line in listed.stdout.splitlines())
+        if owner.split(":")[1:2] == [str(host_pid)]
+    ]
+    for controller in cgroup_controllers():
+        held.extend(str(path) for path in (controller / CGROUP_ROOT).glob(f"{host_pid}-*"))
+    return held
 
 
 def config(

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from docker_support import leftover_containers
+from docker_support import held_by, leftover_containers
 from psych_sandbox_core.testing.conformance import BackendConformance
 
 #: Addresses on the host's side of a container network: the engine's bridge and the cloud
@@ -32,6 +32,11 @@ class TestDockerConformance(BackendConformance):
             for path in Path(tempfile.gettempdir()).glob(f"psych-docker-{os.getpid()}-*")
         ]
         return leftover_containers() + stale
+
+    holds_resources = True
+
+    def resources_of(self, host_pid: int) -> list[str]:
+        return held_by(host_pid)
 
 
 class TestGvisorConformance(TestDockerConformance):
