@@ -247,10 +247,14 @@ def _mounts() -> list[_Mount]:
             fields, rest = head.split(), tail.split()
             if len(fields) < 5 or len(rest) < 3 or rest[0] not in ("cgroup", "cgroup2"):
                 continue
-            mounts.append(_Mount(
-                root=_unescape(fields[3]), point=Path(_unescape(fields[4])), fstype=rest[0],
-                options=frozenset(rest[2].split(",")),
-            ))
+            mounts.append(
+                _Mount(
+                    root=_unescape(fields[3]),
+                    point=Path(_unescape(fields[4])),
+                    fstype=rest[0],
+                    options=frozenset(rest[2].split(",")),
+                )
+            )
     return mounts
 
 
@@ -280,16 +284,14 @@ def _inside(mount: _Mount, cgroup_path: str) -> Path | None:
     root = mount.root.rstrip("/")
     if cgroup_path != root and not cgroup_path.startswith(root + "/"):
         return None
-    directory = mount.point / cgroup_path[len(root):].lstrip("/")
+    directory = mount.point / cgroup_path[len(root) :].lstrip("/")
     return directory if directory.is_dir() else None
 
 
 def _detect_v1(mounts: list[_Mount], own: dict[str, str]) -> CgroupHost | str:
     parents: dict[str, Path] = {}
     for controller in V1_CONTROLLERS:
-        mount = next(
-            (m for m in mounts if m.fstype == "cgroup" and controller in m.options), None
-        )
+        mount = next((m for m in mounts if m.fstype == "cgroup" and controller in m.options), None)
         if mount is None or controller not in own:
             return f"the cgroup v1 {controller} controller is not mounted"
         parent = _inside(mount, own[controller])
@@ -361,7 +363,7 @@ def remove_leftovers(host: CgroupHost) -> None:
         for entry in entries:
             if not entry.name.startswith(PREFIX):
                 continue
-            parts = entry.name[len(PREFIX):].rsplit("-", 2)
+            parts = entry.name[len(PREFIX) :].rsplit("-", 2)
             owner = parts[1] if len(parts) == 3 else ""
             if owner.isdigit() and not _alive(int(owner)):
                 _rmdir(entry)

@@ -75,7 +75,6 @@ async def test_a_catastrophic_pattern_is_stopped_by_the_execution_cpu_budget(
     before = children_cpu()
     result = await run(deployment(2), tmp_path, SEARCH_FOREVER, {"evil": lambda: EVIL})
     reaped = children_cpu() - before
-    print("measured:", result.usage, "reaped children:", reaped)
     assert result.error is not None
     assert result.error.kind is ErrorKind.TIMEOUT, result.error
     assert "CPU limit of 2 s" in result.error.message
@@ -149,7 +148,10 @@ async def test_search_bytes_reports_the_kernel_cost_of_a_stopped_search() -> Non
     before = children_cpu()
     with pytest.raises(PatternSearchError) as caught:
         await search_bytes(
-            EVIL.encode(), CATASTROPHIC, cpu_seconds=0.5, deadline_seconds=DEADLINE,
+            EVIL.encode(),
+            CATASTROPHIC,
+            cpu_seconds=0.5,
+            deadline_seconds=DEADLINE,
             on_cost=costs.append,
         )
     reaped = children_cpu() - before
