@@ -879,8 +879,7 @@ def _classify(
 def _cpu_exhausted(status: ExitStatus, limits: ExecutionLimits) -> bool:
     if status.signal == signal.SIGXCPU:
         return True
-    return (
-        status.signal == signal.SIGKILL
-        and status.cpu_seconds is not None
-        and status.cpu_seconds >= limits.cpu_seconds
-    )
+    # The hard limit's SIGKILL: the tree's CPU, or failing that wait4's lower bound, shows
+    # the limit was reached.
+    spent = max(status.cpu_seconds or 0.0, status.reaped_cpu_seconds or 0.0)
+    return status.signal == signal.SIGKILL and spent >= limits.cpu_seconds

@@ -29,7 +29,9 @@ class ExitStatus:
     code: int | None
     #: The signal that ended the process, if one did.
     signal: int | None
-    #: CPU seconds of the process and every descendant it reaped, measured by the kernel.
+    #: CPU seconds of the whole tree, from a mechanism the program cannot influence; None
+    #: when nothing measured it. (kill_and_reap fills in wait4's figure; a backend replaces
+    #: it with its cgroup's, or with None.)
     cpu_seconds: float | None
     #: Largest resident set of the process or any reaped descendant, in bytes.
     peak_memory_bytes: int | None
@@ -37,6 +39,9 @@ class ExitStatus:
     #: exit code (a container runtime's OOM kill): the failure kind and its message. The core
     #: uses it when the program left no result.
     failure_hint: tuple[ErrorKind, str] | None = None
+    #: CPU seconds wait4 reported for the process and what it reaped: a lower bound (a
+    #: program can hide children from it), used only to tell a CPU-limit kill, never reported.
+    reaped_cpu_seconds: float | None = None
 
     def describe(self) -> str:
         if self.signal is not None:
@@ -178,6 +183,7 @@ class ManagedProcess:
             signal=-code if code < 0 else None,
             cpu_seconds=rusage.ru_utime + rusage.ru_stime,
             peak_memory_bytes=rusage.ru_maxrss * scale,
+            reaped_cpu_seconds=rusage.ru_utime + rusage.ru_stime,
         )
         return self._status
 
