@@ -6,8 +6,9 @@ without limit by asking for searches. Each search is therefore given only the CP
 execution's budget (its ``cpu_seconds`` limit, less what the host already spent for it and
 what the sandbox's processes have used so far, where the backend can read that live) and the
 profile's memory limit. What it cost, as the kernel accounted it when the host reaped it, is
-added up here and reported as ``usage.host_cpu_seconds``; once the host's share and the
-program's own CPU together reach the limit, the execution ends as a CPU timeout (host.py).
+added up here and reported as ``usage.host_cpu_seconds``; when, after a binding call, the
+host's share and the program's own CPU together have reached the limit, the execution ends as
+a CPU timeout (host.py). Between calls only the program's own rlimit holds it.
 """
 
 from __future__ import annotations
