@@ -73,7 +73,8 @@ class SkippedEntry(BaseModel):
     path: str
     #: symlink, hard_link, fifo, socket, device, not_regular, too_large, total_cap,
     #: too_many, too_deep, changed, vanished, outside, other_filesystem, unsafe_name,
-    #: unreadable, entry_limit; for the collection as a whole (path "." or the output
+    #: unreadable, entry_limit, budget_exhausted (the execution's byte budget could not pay
+    #: for storing it); for the collection as a whole (path "." or the output
     #: folder), also one of COLLECTION_FAILURES.
     reason: str
 

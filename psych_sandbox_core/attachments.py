@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .artifacts import (
     COLLECTION_FAILURES,
+    MAX_SKIPPED_LISTED,
     ChannelCollector,
     Collection,
     CollectionLimits,
@@ -44,6 +45,7 @@ from .artifacts import (
     sniff_content_type,
 )
 from .blobstore import BlobAddress, BlobNotFound, BlobStore
+from .budgets import ExecutionMeter
 from .errors import SandboxError
 from .output import OutputPolicy, Preview, StreamCapture, make_preview
 from .pattern_search import SearchResult, search_bytes
@@ -377,9 +379,11 @@ class AttachmentLedger:
         policy: OutputPolicy,
         complete: bool = True,
         content_type: str | None = None,
+        admitted: bool = True,
     ) -> tuple[Attachment, bool]:
         """Record ``data`` under a fresh handle. Returns the attachment and whether every
-        byte was preserved (False when only a preview could be kept)."""
+        byte was preserved (False when only a preview could be kept). ``admitted=False``
+        (the execution's byte budget cannot pay for the bytes) keeps only a preview."""
         handle = f"att:{slot}:{secrets.token_urlsafe(18)}"
         digest = hashlib.sha256(data).hexdigest()
         kind_of = content_type or sniff_content_type(data)
@@ -387,11 +391,11 @@ class AttachmentLedger:
         address: BlobAddress | None = None
         stored: Storage
         preserved = True
-        if len(data) <= policy.inline_bytes:
+        if admitted and len(data) <= policy.inline_bytes:
             inline, stored = data, "inline"
         else:
             stored = "preview_only"
-            if self.blob_store is not None:
+            if admitted and self.blob_store is not None:
                 candidate = _bytes_address(tenant, run_id, handle)
                 try:
                     await self.blob_store.put(candidate, data)
@@ -554,8 +558,13 @@ async def preserve(
     value_json: str | None,
     collection: Collection | None,
     withheld: bool,
+    meter: ExecutionMeter | None = None,
 ) -> Preserved:
-    """Previews for the model and durable attachments for everything else."""
+    """Previews for the model and durable attachments for everything else.
+
+    With ``meter``, every attachment is paid for from the execution's byte budget before it
+    is stored: a stream or return value it cannot pay for keeps only its preview, an artifact
+    is skipped (reason ``budget_exhausted``)."""
     if withheld:
         empty = stream_info(StreamCapture(0), _EMPTY_PREVIEW)
         return Preserved(_EMPTY_PREVIEW, _EMPTY_PREVIEW, empty, empty)
@@ -571,10 +580,18 @@ async def preserve(
     ledger = context.ledger
     attachments: list[Attachment] = []
     lost: list[str] = []
+    over_budget: list[str] = []
+
+    def admit(name: str, data: bytes) -> bool:
+        if meter is None or meter.admit_stored(len(data), f"attachment {name}") is None:
+            return True
+        over_budget.append(name)
+        return False
 
     async def keep(
         name: str, kind: AttachmentKind, data: bytes, complete: bool, ctype: str | None = None
     ) -> Attachment:
+        admitted = admit(name, data)
         attachment, preserved = await ledger.keep(
             tenant=context.tenant,
             run_id=context.run_id,
@@ -585,9 +602,10 @@ async def preserve(
             policy=policy,
             complete=complete,
             content_type=ctype,
+            admitted=admitted,
         )
         attachments.append(attachment)
-        if not preserved:
+        if not preserved and admitted:
             lost.append(name)
         return attachment
 
@@ -601,8 +619,16 @@ async def preserve(
     if value_json is not None:
         await keep("return_value", "return_value", value_json.encode(), True, "application/json")
     artifacts: list[ArtifactInfo] = []
+    skipped = list(collection.skipped) if collection is not None else []
+    unlisted = collection.skipped_unlisted if collection is not None else 0
     if collection is not None:
         for item in collection.files:
+            if not admit(f"artifacts/{item.path}", item.data):
+                if len(skipped) < MAX_SKIPPED_LISTED:
+                    skipped.append(SkippedEntry(path=item.path, reason="budget_exhausted"))
+                else:
+                    unlisted += 1
+                continue
             attachment = await keep(
                 f"artifacts/{item.path}", "artifact", item.data, True, item.content_type
             )
@@ -619,9 +645,15 @@ async def preserve(
     if lost and policy.require_preservation:
         unavailable = (
             "preservation was required but no blob store could keep "
-            + ", ".join(lost[:10])
-            + (f" and {len(lost) - 10} more" if len(lost) > 10 else "")
+            + _listed(lost)
             + f" (larger than the {policy.inline_bytes}-byte inline limit)"
+        )
+    elif over_budget and policy.require_preservation:
+        unavailable = (
+            "preservation was required but storing "
+            + _listed(over_budget)
+            + " would have taken the execution past its byte budget "
+            "(total_bytes_per_execution)"
         )
     return Preserved(
         previews[0],
@@ -630,10 +662,14 @@ async def preserve(
         infos[1],
         attachments=attachments,
         artifacts=artifacts,
-        skipped=list(collection.skipped) if collection is not None else [],
-        skipped_unlisted=collection.skipped_unlisted if collection is not None else 0,
+        skipped=skipped,
+        skipped_unlisted=unlisted,
         unavailable=unavailable,
     )
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
 
 
 def unavailable_failure(message: str, failure: ExecutionFailure | None) -> ExecutionFailure:

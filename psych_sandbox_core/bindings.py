@@ -4,7 +4,9 @@ The core imports no tool registry. The embedder implements :class:`BindingProvid
 asked at the start of every execution for the tools callable right now, and every call the
 program makes is answered through it by a :class:`CallServer`, which enforces the budgets
 (budgets.py), counts each accepted call in the run log (runlog.py) before the tool runs, and
-pages a result too large to hand over whole through the blob store (paging.py).
+pages a result too large to hand over whole through the blob store (paging.py). A paged result
+is paid for in full from the execution's byte budget before it is stored, and the CPU of a
+pattern search from its CPU budget (host_work.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import anyio
 from .blobstore import BlobAddress, BlobNotFound, BlobStore
 from .budgets import BindingBudgets, ExecutionMeter
 from .errors import ConfigurationError, ProtocolViolation
+from .host_work import HostWork
 from .paging import (
     DEFAULT_MAX_MATCHES,
     DEFAULT_WINDOW_CHARS,
@@ -209,6 +212,9 @@ class CallServer:
     )
     blob_store: BlobStore | None = None
     search: SearchSettings = field(default_factory=SearchSettings)
+    #: Host-side work (pattern searches) done for this execution, bound to its limits by the
+    #: host when the program starts.
+    work: HostWork = field(default_factory=HostWork)
 
     def __post_init__(self) -> None:
         specs = [ToolSpec(t) if isinstance(t, str) else t for t in self.tools]
@@ -364,6 +370,13 @@ class CallServer:
                 "not delivered. Ask the tool for less (a filter, a page, a limit)",
             )
         token = _token()
+        # Only an opaque id, the tool's name and the size cross: nothing about the storage.
+        descriptor = {"id": token, "tool": frame.name, "bytes": len(data)}
+        # Every stored byte is paid for before it is stored: a program must not be able to
+        # fill the store through tools whose results it never reads.
+        refusal = self.meter.admit_stored(len(data) + len(_dumps(descriptor)))
+        if refusal is not None:
+            return _error(frame.id, CallErrorKind.BUDGET_EXHAUSTED, refusal)
         address = BlobAddress(
             tenant=self.scope.tenant,
             run_id=self.scope.run_id,
@@ -380,11 +393,6 @@ class CallServer:
                 "the result was not delivered",
             )
         self._handles[token] = _Handle(address, len(data))
-        # Only an opaque id, the tool's name and the size cross: nothing about the storage.
-        descriptor = {"id": token, "tool": frame.name, "bytes": len(data)}
-        refusal = self.meter.admit_result(len(_dumps(descriptor)))
-        if refusal is not None:
-            return _error(frame.id, CallErrorKind.BUDGET_EXHAUSTED, refusal)
         return ReplyFrame(id=frame.id, carries="handle", handle=descriptor)
 
     def _value(self, call_id: int, value_json: str, *, paging_allowed: bool) -> ReplyFrame:
@@ -456,6 +464,7 @@ class CallServer:
                 ignore_case=ignore_case,
                 max_matches=max_matches,
                 settings=self.search,
+                work=self.work,
             )
         offset = arguments.get("offset", 0)
         length = arguments.get("length", DEFAULT_WINDOW_CHARS)

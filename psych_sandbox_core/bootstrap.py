@@ -1115,6 +1115,23 @@ def _contain(spec):
     return libc
 
 
+def _join_cgroup(spec):
+    """Move this process into the execution's cgroup, the first thing it does: still root,
+    still single-threaded, before anything forks, so every process of the execution is
+    counted there. The host opened the cgroup's files; writing "0" moves the writer. Any
+    failure exits: usage the host reads would otherwise miss this process."""
+    for item in spec.split(","):
+        fd = int(item)
+        try:
+            os.write(fd, b"0")
+        except OSError as exc:
+            raise SystemExit(
+                f"psych-sandbox bootstrap: joining the cgroup failed ({exc})"
+            ) from None
+        finally:
+            os.close(fd)
+
+
 def _pid_namespace_init(libc):
     """Split into an outer waiter, an init for the new pid namespace, and the program's process.
 
@@ -1194,6 +1211,8 @@ def main(argv):
         key, _, value = item.partition("=")
         options[key.lstrip("-")] = value
     probe_config = json_loads(options.get("probe") or "{}")
+    if options.get("cgroup"):
+        _join_cgroup(options["cgroup"])
     libc = _contain(options["contain"]) if options.get("contain") else None
     if options.get("pid-namespace") == "1":
         if libc is None:

@@ -52,7 +52,9 @@ class BindingBudgets(BaseModel):
     #: Largest JSON-encoded result handed over whole; larger ones are paged by handle when a
     #: blob store is configured, refused with binding_result_not_paged otherwise.
     result_bytes_per_call: Annotated[int, Field(gt=0, le=MAX_RESULT_BYTES_PER_CALL)] = 4 * MiB
-    #: Arguments plus results of all calls of one execution.
+    #: Arguments plus results of all calls of one execution, plus every byte stored for it:
+    #: paged results (in full, when stored; windows read from them count again as results)
+    #: and its attachments (streams, return value, artifacts).
     total_bytes_per_execution: Positive = 256 * MiB
 
     @model_validator(mode="after")
@@ -111,11 +113,17 @@ class ExecutionMeter:
     def admit_result(self, size: int) -> str | None:
         return self._spend(size, "result")
 
-    def _spend(self, size: int, what: str) -> str | None:
+    def admit_stored(self, size: int, what: str = "result") -> str | None:
+        """Pay for bytes about to be stored for the program (a paged result, an attachment);
+        the reason they may not be, if any. Nothing is stored without this."""
+        return self._spend(size, what, stored=True)
+
+    def _spend(self, size: int, what: str, *, stored: bool = False) -> str | None:
         if self.bytes + size > self.budgets.total_bytes_per_execution:
             return (
                 f"the {what} ({size} bytes) would take this execution past its budget of "
-                f"{self.budgets.total_bytes_per_execution} bytes moved through bindings"
+                f"{self.budgets.total_bytes_per_execution} bytes moved through bindings or "
+                "stored for it" + ("; it was not stored" if stored else "")
             )
         self.bytes += size
         return None

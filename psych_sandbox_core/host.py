@@ -33,9 +33,11 @@ from .attachments import (
 )
 from .backend import Backend, BackendUnavailable, Launched, LaunchRequest, ProbeTargets
 from .bindings import BindingProvider, CallServer, ToolSpec
+from .budgets import ExecutionMeter
 from .channel import FrameChannel
 from .errors import ErrorKind, ProtocolViolation
 from .grading import Grade, Guarantee, Level, grade, level_at_least, level_of
+from .host_work import HostWork
 from .output import StreamCapture
 from .process import ExitStatus
 from .protocol import (
@@ -124,6 +126,12 @@ class _State:
     #: The channel, kept past the result of a collecting run: once every process is gone it
     #: is read to its end, and a frame after the result is a protocol violation.
     after_result: FrameChannel | None = None
+    #: The call server's accounts: host work done for the program, and its byte budget
+    #: (which its attachments are paid from too).
+    work: HostWork | None = None
+    meter: ExecutionMeter | None = None
+    #: Host work on the program's behalf and its own CPU together reached its CPU limit.
+    cpu_spent_with_host: bool = False
 
 
 class ProbeHarness:
@@ -360,6 +368,7 @@ async def _build_result(
         value_json=value_json,
         collection=collection,
         withheld=withheld,
+        meter=state.meter,
     )
     if kept.unavailable is not None:
         failure = unavailable_failure(kept.unavailable, failure)
@@ -384,6 +393,7 @@ async def _build_result(
             cpu_seconds=cpu,
             peak_memory_bytes=peak,
             measured_by="none" if cpu is None else "host",
+            host_cpu_seconds=round(state.work.cpu_seconds, 6) if state.work is not None else 0.0,
         ),
         profile=plan.profile,
         backend=plan.backend_identity,
@@ -432,6 +442,9 @@ async def _supervise(
                     state.violation = str(exc)
                 except _StartupFailed as exc:
                     state.startup_failure = str(exc)
+                except _CpuSpentWithHost:
+                    state.cpu_spent_with_host = True
+                    await launched.terminate(plan.limits.grace_seconds)
                 else:
                     if early is not None and await _complete_before_exit(
                         launched, state, stdout, stderr, settled
@@ -621,6 +634,10 @@ async def _converse(
         calls = plan.calls
         if calls is None:
             calls = CallServer(plan.bindings, [ToolSpec(name) for name in plan.tools])
+        state.work, state.meter = calls.work, calls.meter
+        calls.work.bind(
+            plan.limits.cpu_seconds, plan.limits.memory_bytes, lambda: _program_cpu(launched)
+        )
         # Fixed before the program can run: anything counted beyond this came from it. The
         # child's own report is taken too, since the count may lag the probe's connections.
         state.probe_connections = max(harness.connections, _reported_connections(hello))
@@ -654,6 +671,9 @@ async def _converse(
                     if state.artifacts is not None and state.artifacts.started:
                         raise ProtocolViolation("a call after the program's files were sent")
                     await channel.send(await calls.answer(frame))
+                    if calls.work.exhausted():
+                        # The host's work for it and its own CPU reached its CPU limit.
+                        raise _CpuSpentWithHost()
                 elif isinstance(frame, ResultFrame):
                     if state.artifacts is not None:
                         state.artifacts.at_result()
@@ -696,6 +716,15 @@ def _reported_connections(hello: HelloFrame) -> int:
 
 class _CancelledBeforeStart(Exception):
     pass
+
+
+class _CpuSpentWithHost(Exception):
+    """Host work for the program (pattern searches) used up what was left of its CPU."""
+
+
+def _program_cpu(launched: Launched) -> float | None:
+    usage = launched.usage_so_far()
+    return None if usage is None else usage[0]
 
 
 async def _watch_cancel(event: anyio.Event, state: _State, scope: anyio.CancelScope) -> None:
@@ -796,6 +825,13 @@ def _classify(
             f"the program exceeded its wall-clock limit of {plan.limits.wall_seconds:g} s "
             "and was killed",
         )
+    if state.cpu_spent_with_host and state.work is not None:
+        return ExecutionFailure.of(
+            ErrorKind.TIMEOUT,
+            f"the program exceeded its CPU limit of {plan.limits.cpu_seconds} s and was "
+            f"killed: {state.work.cpu_seconds:.2f} s of it were spent by the host searching "
+            "tool results on its behalf (read_tool_output patterns)",
+        )
     result = state.result
     if result is not None:
         if result.outcome == "returned":
@@ -843,8 +879,7 @@ def _classify(
 def _cpu_exhausted(status: ExitStatus, limits: ExecutionLimits) -> bool:
     if status.signal == signal.SIGXCPU:
         return True
-    return (
-        status.signal == signal.SIGKILL
-        and status.cpu_seconds is not None
-        and status.cpu_seconds >= limits.cpu_seconds
-    )
+    # The hard limit's SIGKILL: the tree's CPU, or failing that wait4's lower bound, shows
+    # the limit was reached.
+    spent = max(status.cpu_seconds or 0.0, status.reaped_cpu_seconds or 0.0)
+    return status.signal == signal.SIGKILL and spent >= limits.cpu_seconds

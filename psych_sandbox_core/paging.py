@@ -2,7 +2,9 @@
 
 Windows and match offsets are both in characters of the result's JSON text, so a program can
 search, then read around a match. The pattern search itself runs in a killable child process
-(pattern_search.py): a backtracking pattern must not be able to hold the host.
+(pattern_search.py): a backtracking pattern must not be able to hold the host. Its CPU is the
+program's to pay for (host_work.py): each search gets only what is left of the execution's CPU
+budget, and what it cost is charged there.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .host_work import HostWork
 from .pattern_search import PatternSearchError, search_bytes
 
 #: Wall clock from spawn to exit of one search. Sized so ordinary searches over a few
@@ -63,9 +66,17 @@ async def search(
     ignore_case: bool = False,
     max_matches: int = DEFAULT_MAX_MATCHES,
     settings: SearchSettings | None = None,
+    work: HostWork | None = None,
 ) -> dict[str, Any]:
-    """Matches of ``pattern`` in the stored text, found in a process killed at the deadline."""
+    """Matches of ``pattern`` in the stored text, found in a process killed at the deadline
+    and, with ``work``, limited to and charged against the execution's CPU and memory."""
     settings = settings or SearchSettings()
+    work = work or HostWork()
+    remaining = work.remaining_cpu()
+    if remaining is not None and remaining <= 0:
+        raise PagingError("budget_exhausted", work.spent_message())
+    # The execution's remaining CPU, capped by the deadline.
+    budget_bound = remaining is not None and remaining < settings.deadline_seconds
     try:
         found = await search_bytes(
             data,
@@ -73,9 +84,20 @@ async def search(
             ignore_case=ignore_case,
             max_matches=max_matches,
             deadline_seconds=settings.deadline_seconds,
+            cpu_seconds=None if remaining is None else min(remaining, settings.deadline_seconds),
+            memory_bytes=work.memory_bytes,
+            on_cost=work.charge,
         )
     except PatternSearchError as exc:
-        if "did not finish" in str(exc):
+        if exc.reason == "cpu" and budget_bound:
+            work.spent = True
+            raise PagingError(
+                "budget_exhausted",
+                "the pattern search was stopped when it had used the rest of this "
+                "execution's CPU budget; the pattern probably backtracks catastrophically "
+                "(nested quantifiers like (a+)+). " + work.spent_message(),
+            ) from None
+        if exc.reason in ("cpu", "deadline"):
             raise PagingError(
                 "pattern_timeout",
                 f"the pattern search did not finish within {settings.deadline_seconds:g} s "

@@ -1,9 +1,10 @@
 """Spawning, waiting for and tearing down one child process tree (POSIX).
 
-Used by every backend that runs a local process (subprocess, bwrap). The child gets its own
-session and process group, stdin closed, stdout and stderr on socket pairs that the host
-drains, and is waited for with a pidfd where the kernel has one (cancellable, no thread).
-Teardown is SIGTERM to the group, a grace window, SIGKILL to the group, and always a reap.
+Used by every backend that runs a local process (subprocess, bwrap) and by the pattern
+search. The child gets its own session and process group, stdin closed (or, on request, a
+socket the host writes to), stdout and stderr on socket pairs that the host drains, and is
+waited for with a pidfd where the kernel has one (cancellable, no thread). Teardown is
+SIGTERM to the group, a grace window, SIGKILL to the group, and always a reap.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ class ExitStatus:
     code: int | None
     #: The signal that ended the process, if one did.
     signal: int | None
-    #: CPU seconds of the process and every descendant it reaped, measured by the kernel.
+    #: CPU seconds of the whole tree, from a mechanism the program cannot influence; None
+    #: when nothing measured it. (kill_and_reap fills in wait4's figure; a backend replaces
+    #: it with its cgroup's, or with None.)
     cpu_seconds: float | None
     #: Largest resident set of the process or any reaped descendant, in bytes.
     peak_memory_bytes: int | None
@@ -36,6 +39,9 @@ class ExitStatus:
     #: exit code (a container runtime's OOM kill): the failure kind and its message. The core
     #: uses it when the program left no result.
     failure_hint: tuple[ErrorKind, str] | None = None
+    #: CPU seconds wait4 reported for the process and what it reaped: a lower bound (a
+    #: program can hide children from it), used only to tell a CPU-limit kill, never reported.
+    reaped_cpu_seconds: float | None = None
 
     def describe(self) -> str:
         if self.signal is not None:
@@ -50,11 +56,19 @@ class ExitStatus:
 class ManagedProcess:
     """One spawned child whose whole process group the host owns."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], stdout: SocketStream, stderr: SocketStream):
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        stdout: SocketStream,
+        stderr: SocketStream,
+        stdin: SocketStream | None = None,
+    ):
         self._popen = popen
         self.pid = popen.pid
         self.stdout = stdout
         self.stderr = stderr
+        #: The host's end of the child's stdin, when spawn was asked for one.
+        self.stdin = stdin
         self._exited = False
         self._status: ExitStatus | None = None
 
@@ -67,13 +81,15 @@ class ManagedProcess:
         cwd: str,
         pass_fds: Sequence[int] = (),
         preexec_fn: Callable[[], None] | None = None,
+        with_stdin: bool = False,
     ) -> ManagedProcess:
         out_host, out_child = socket.socketpair()
         err_host, err_child = socket.socketpair()
+        in_host, in_child = socket.socketpair() if with_stdin else (None, None)
         try:
             popen = subprocess.Popen(
                 list(argv),
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if in_child is None else in_child.fileno(),
                 stdout=out_child.fileno(),
                 stderr=err_child.fileno(),
                 env=env,
@@ -84,18 +100,25 @@ class ManagedProcess:
                 preexec_fn=preexec_fn,
             )
         except BaseException:
-            for sock in (out_host, out_child, err_host, err_child):
-                sock.close()
+            for sock in (out_host, out_child, err_host, err_child, in_host, in_child):
+                if sock is not None:
+                    sock.close()
             raise
         finally:
             out_child.close()
             err_child.close()
+            if in_child is not None:
+                in_child.close()
         # The child never writes to these directions; shutting them makes intent explicit.
         out_host.shutdown(socket.SHUT_WR)
         err_host.shutdown(socket.SHUT_WR)
         stdout = SocketStream.from_socket(out_host)
         stderr = SocketStream.from_socket(err_host)
-        return cls(popen, await stdout, await stderr)
+        stdin = None
+        if in_host is not None:
+            in_host.shutdown(socket.SHUT_RD)
+            stdin = await SocketStream.from_socket(in_host)
+        return cls(popen, await stdout, await stderr, stdin)
 
     async def wait_exited(self) -> None:
         """Return once the direct child has exited, without reaping it (its pid stays ours)."""
@@ -160,6 +183,7 @@ class ManagedProcess:
             signal=-code if code < 0 else None,
             cpu_seconds=rusage.ru_utime + rusage.ru_stime,
             peak_memory_bytes=rusage.ru_maxrss * scale,
+            reaped_cpu_seconds=rusage.ru_utime + rusage.ru_stime,
         )
         return self._status
 
@@ -167,3 +191,5 @@ class ManagedProcess:
         await self.kill_and_reap()
         await self.stdout.aclose()
         await self.stderr.aclose()
+        if self.stdin is not None:
+            await self.stdin.aclose()

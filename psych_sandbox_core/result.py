@@ -60,13 +60,18 @@ class Usage(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     wall_seconds: float
-    #: CPU of the whole process tree as the kernel accounted it to the host; None if not
-    #: measured.
+    #: CPU of the whole sandboxed process tree as the kernel accounted it, through a mechanism
+    #: the program cannot influence (a cgroup); None if not measured.
     cpu_seconds: float | None
-    #: Largest resident set of any process in the tree; None if not measured.
+    #: Peak memory of the sandboxed tree as that mechanism charged it; None if not measured.
     peak_memory_bytes: int | None
-    #: Who measured cpu and memory: "host" (kernel accounting to the host) or "none".
+    #: Who measured cpu and memory: "host" (the kernel's accounting, read by the host) or
+    #: "none" (nothing here can measure the whole tree: the fields are None, never low).
     measured_by: str
+    #: CPU seconds of host processes that worked on the program's behalf (read_tool_output
+    #: pattern searches), as the kernel accounted them when the host reaped them. Not part
+    #: of cpu_seconds; counted against the CPU limit together with it.
+    host_cpu_seconds: float = 0.0
 
 
 class BackendIdentity(BaseModel):

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from psych_sandbox_core import ErrorKind, Level, Sandbox
+from psych_sandbox_core import ErrorKind, Level, Sandbox, cgroups
 from psych_sandbox_core.errors import DEPLOYMENT_KINDS
 
 from .conftest import (
@@ -159,8 +159,14 @@ async def test_printing_500_mb_is_capped_and_host_memory_stays_bounded() -> None
 # ---------------------------------------------------------------- CPU and wall clock
 
 
-async def test_cpu_loop_trapping_sigxcpu_is_killed_and_classified_timeout() -> None:
-    # The plain CPU loop is the shared suite's (test_conformance.py).
+@pytest.mark.parametrize("with_cgroup", [True, False])
+async def test_cpu_loop_trapping_sigxcpu_is_killed_and_classified_timeout(
+    with_cgroup: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The plain CPU loop is the shared suite's (test_conformance.py). Without a cgroup the
+    # hard limit's SIGKILL is still told apart, by wait4's lower bound on the CPU spent.
+    if not with_cgroup:
+        monkeypatch.setattr(cgroups, "detect", lambda: "no cgroups (made so by the test)")
     source = "import signal\n"
     source += "signal.signal(signal.SIGXCPU, lambda *a: None)\n"
     source += "while True:\n    pass\n"
@@ -168,7 +174,10 @@ async def test_cpu_loop_trapping_sigxcpu_is_killed_and_classified_timeout() -> N
     error = result.error
     assert error is not None and error.kind is ErrorKind.TIMEOUT
     assert "CPU limit" in error.message
-    assert result.usage.cpu_seconds is not None and result.usage.cpu_seconds > 0
+    if result.usage.measured_by == "host":
+        assert result.usage.cpu_seconds is not None and result.usage.cpu_seconds > 0
+    else:
+        assert result.usage.cpu_seconds is None
 
 
 async def test_run_timeout_argument_narrows_the_wall_clock() -> None:

@@ -5,6 +5,12 @@ itself, an environment built from an allow-list and a private working directory.
 also unshares a pid namespace (so teardown reaches a descendant that called setsid) and a
 network namespace where the kernel allows, and drops to an unprivileged uid when the host
 runs as root. It has no filesystem boundary: that guarantee is graded unavailable.
+
+Usage is read from a cgroup of the execution's own where the host can make one (root, with a
+writable hierarchy; see cgroups.py): the bootstrap moves itself in first, while still root and
+before anything forks. wait4's rusage is not used: a program that sets SIGCHLD to SIG_IGN has
+its children reaped by the kernel with their usage discarded, so it would report low. Without
+a cgroup, usage is not measured.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from functools import lru_cache
 from typing import Annotated, ClassVar
 
 import anyio
 from pydantic import Field
 
-from .. import hookspecs
+from .. import cgroups, hookspecs
 from ..backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
 from ..channel import InheritedSocketChannel
 from ..errors import ConfigurationError
@@ -100,6 +107,27 @@ class SubprocessBackend(Backend):
             return "the subprocess backend needs a POSIX host"
         return None
 
+    async def execution_cgroup(self) -> cgroups.ExecutionCgroup | None:
+        """A fresh cgroup ready to be joined, measuring usage only; None where there can be
+        none (then usage is not measured)."""
+        if not self.drops_identity:
+            # Only a root host makes cgroups, and only a program that is not root cannot
+            # leave its own.
+            return None
+        host = cgroups.detect()
+        if isinstance(host, str):
+            return None
+        try:
+            cgroup = host.create(self.id)
+        except OSError:
+            return None
+        try:
+            cgroup.open_for_joining()
+        except OSError:
+            await cgroup.remove()
+            return None
+        return cgroup
+
     def mechanisms(self) -> Mechanisms:
         return Mechanisms(
             network_namespace=bool(self.namespaces & CLONE_NEWNET),
@@ -123,7 +151,10 @@ class SubprocessBackend(Backend):
             raise
         channel = InheritedSocketChannel()
         process: ManagedProcess | None = None
+        cgroup: cgroups.ExecutionCgroup | None = None
         try:
+            cgroup = await self.execution_cgroup()
+            join_fds = cgroup.join_fds if cgroup is not None else []
             argv = [
                 self.interpreter,
                 "-I",
@@ -137,12 +168,15 @@ class SubprocessBackend(Backend):
                 argv.append(f"contain={self.namespaces}:{uid}:{gid}:{os.getpid()}")
             if self.namespaces & CLONE_NEWPID:
                 argv.append("pid-namespace=1")
+            if join_fds:
+                # The bootstrap writes itself into the cgroup first thing, as root.
+                argv.append("cgroup=" + ",".join(str(fd) for fd in join_fds))
             try:
                 process = await ManagedProcess.spawn(
                     argv,
                     env={**child_environment(workspace), **request.environment},
                     cwd=workspace,
-                    pass_fds=channel.inherited_fds,
+                    pass_fds=(*channel.inherited_fds, *join_fds),
                     # No pre-exec step: the bootstrap contains itself first (see its
                     # _contain), so the host spawns with vfork.
                 )
@@ -150,12 +184,16 @@ class SubprocessBackend(Backend):
                 raise BackendUnavailable(
                     f"the subprocess backend could not start {self.interpreter}: {exc}"
                 ) from exc
+            finally:
+                if cgroup is not None:
+                    cgroup.close_join_fds()
             channel.after_spawn()
             launched = _Launched(
                 process,
                 channel,
                 self.mechanisms(),
                 pid_namespace=bool(self.namespaces & CLONE_NEWPID),
+                cgroup=cgroup,
             )
             launched.workspace_path = workspace
             yield launched
@@ -165,6 +203,9 @@ class SubprocessBackend(Backend):
                 if process is not None:
                     await process.aclose()
                 await channel.aclose()
+                if cgroup is not None:
+                    # Stragglers in it (a daemon that left the group) are killed first.
+                    await cgroup.remove()
                 # In a worker thread: a program can leave hundreds of thousands of files, and
                 # the event loop serves every other execution's clock meanwhile.
                 if lease is not None:
@@ -186,13 +227,18 @@ class _Launched(Launched):
         mechanisms: Mechanisms,
         *,
         pid_namespace: bool,
+        cgroup: cgroups.ExecutionCgroup | None = None,
     ) -> None:
         self.process = process
+        self.cgroup = cgroup
         self.channel = channel
         self.mechanisms = mechanisms
         self.stdout = process.stdout
         self.stderr = process.stderr
         self._pid_namespace = pid_namespace
+
+    def usage_so_far(self) -> tuple[float | None, int | None] | None:
+        return None if self.cgroup is None else self.cgroup.usage()
 
     async def wait_exited(self) -> None:
         await self.process.wait_exited()
@@ -213,7 +259,18 @@ class _Launched(Launched):
         finally:
             if init is not None:
                 os.close(init)
-        return status
+        # wait4's rusage stops at what was reaped: a program that ignores SIGCHLD hides its
+        # children's usage from it. Only the cgroup counts everything; without one, usage is
+        # not measured rather than reported low.
+        cpu: float | None = None
+        peak: int | None = None
+        if self.cgroup is not None:
+            with anyio.CancelScope(shield=True):
+                # Usage is final only once nothing is left to run in the cgroup.
+                empty = await self.cgroup.drain()
+            if empty:
+                cpu, peak = self.cgroup.usage()
+        return replace(status, cpu_seconds=cpu, peak_memory_bytes=peak)
 
 
 def _hold_first_child(pid: int) -> int | None:

@@ -14,8 +14,8 @@ capability in it, so a host process sharing it could enter a running sandbox thr
 bwrap's monitor learns the exit status of its pid-namespace init through an eventfd and
 exits without reaping it, so the kernel's accounting of the tree never reaches the host's
 wait4. Where the host can create cgroups (root, cgroup v1 or v2 with the needed controllers),
-each execution runs in a cgroup of its own (see cgroups.py): usage is read from it and memory
-and process count are capped by it. Elsewhere usage is not measured (see README.md).
+each execution runs in a cgroup of its own (psych_sandbox_core.cgroups): usage is read from it
+and memory and process count are capped by it. Elsewhere usage is not measured (see README.md).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from functools import lru_cache
 from typing import Annotated, ClassVar
 
 import anyio
-from psych_sandbox_core import hookspecs
+from psych_sandbox_core import cgroups, hookspecs
 from psych_sandbox_core.backend import (
     Backend,
     BackendOptions,
@@ -53,8 +53,6 @@ from psych_sandbox_core.identity import (
 from psych_sandbox_core.interpreter import SYSTEM_CANDIDATES, resolve_interpreter
 from psych_sandbox_core.process import ExitStatus, ManagedProcess
 from pydantic import Field
-
-from . import cgroups
 
 MiB = 1024 * 1024
 #: The unprivileged identity inside the sandbox (nobody/nogroup on Debian).
@@ -186,7 +184,7 @@ class BwrapBackend(Backend):
         if isinstance(host, str):
             return None
         try:
-            cgroup = host.create()
+            cgroup = host.create(self.id)
         except OSError:
             return None
         processes = request.limits.processes

@@ -23,9 +23,8 @@ from bwrap_support import (
     run,
     wait_for_pids,
 )
+from psych_sandbox_core import cgroups
 from psych_sandbox_core.identity import DEFAULT_COUNT, DEFAULT_FIRST_UID
-
-from psych_sandbox_bwrap import cgroups
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from bwrap_support import BWRAP_ROOT, needs, run
+from psych_sandbox_core import cgroups
 
-from psych_sandbox_bwrap import cgroups
 from psych_sandbox_bwrap.backend import DEFAULT_PIDS, PIDS_CGROUP_HEADROOM
 
 pytestmark = [pytest.mark.anyio]
@@ -28,7 +28,7 @@ pytestmark.append(needs_cgroups)
 def our_cgroups() -> list[Path]:
     """Per-execution cgroup directories this test process made, found by walking every
     mounted hierarchy (not by asking the code under test where it put them)."""
-    mine = f"{cgroups.PREFIX}{os.getpid()}-"
+    mine = f"{cgroups.PREFIX}bwrap-{os.getpid()}-"
     found = []
     for top, dirs, _ in os.walk("/sys/fs/cgroup"):
         for name in dirs:

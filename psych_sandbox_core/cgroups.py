@@ -1,11 +1,13 @@
 """A cgroup per execution: usage measured, and memory and process count capped, from outside.
 
-bubblewrap's monitor never reaps its pid namespace's init, so the host's wait4 does not see
-the sandboxed tree's usage. A cgroup does: bwrap is moved into a fresh cgroup before it can
-fork (in the spawn's pre-exec step, still as root), so everything it starts is counted there,
-and nothing inside can leave (cgroupfs is not mounted in the sandbox, and the tree has no
-capabilities). After the tree is gone the host reads CPU time and peak memory, and whether
-the kernel's out-of-memory killer fired, then removes the cgroup.
+The kernel's rusage reaches the host only through wait4, and only for what was reaped along
+the way: bubblewrap's monitor never reaps its pid namespace's init, and a program that sets
+SIGCHLD to SIG_IGN has its children reaped by the kernel with their usage discarded. A cgroup
+counts every process in it whatever they do: the execution's first process is moved in before
+it can fork (while still root), so everything it starts is counted there, and nothing inside
+can leave (the tree runs unprivileged, and cgroupfs is root's). After the tree is gone the
+host reads CPU time and peak memory, and whether the kernel's out-of-memory killer fired,
+then removes the cgroup. Used by the subprocess backend and the bwrap plugin.
 
 Each execution's cgroup is created under the host process's own cgroup in each hierarchy, so
 limits the host itself is under still apply to the sandbox.
@@ -29,9 +31,9 @@ from pathlib import Path
 
 import anyio
 
-#: Per-execution cgroups are named with this prefix and the host's pid, so a later host can
-#: tell a leftover (its host died before teardown) from a live one.
-PREFIX = "psych-sandbox-bwrap-"
+#: Per-execution cgroups are named ``<PREFIX><backend>-<host pid>-<random>``, so a later host
+#: can tell a leftover (its host died before teardown) from a live one.
+PREFIX = "psych-sandbox-"
 #: v1 controllers each execution needs: CPU time, memory (peak and cap), process count.
 V1_CONTROLLERS = ("cpuacct", "memory", "pids")
 V2_CONTROLLERS = ("memory", "pids")
@@ -51,9 +53,10 @@ class CgroupHost:
     #: v1: whether memory+swap can be capped too (swap accounting enabled).
     memsw: bool = False
 
-    def create(self, name: str | None = None) -> ExecutionCgroup:
-        """A fresh, empty cgroup for one execution (OSError if the kernel refuses)."""
-        name = name or f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    def create(self, backend: str) -> ExecutionCgroup:
+        """A fresh, empty cgroup for one execution of ``backend`` (OSError if the kernel
+        refuses)."""
+        name = f"{PREFIX}{backend}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         made: list[Path] = []
         try:
             for parent in dict.fromkeys(self.parents.values()):
@@ -113,6 +116,12 @@ class ExecutionCgroup:
         name = "tasks" if self.host.version == 1 else "cgroup.procs"
         for directory in self.directories:
             self._join_fds.append(os.open(directory / name, os.O_WRONLY | os.O_CLOEXEC))
+
+    @property
+    def join_fds(self) -> list[int]:
+        """The descriptors open_for_joining opened, for a child that moves itself in by
+        writing "0" to each (the subprocess backend's bootstrap does)."""
+        return list(self._join_fds)
 
     def join_current_process(self) -> None:
         """Move the calling process in (safe in a pre-exec step: only writes to descriptors
@@ -238,10 +247,14 @@ def _mounts() -> list[_Mount]:
             fields, rest = head.split(), tail.split()
             if len(fields) < 5 or len(rest) < 3 or rest[0] not in ("cgroup", "cgroup2"):
                 continue
-            mounts.append(_Mount(
-                root=_unescape(fields[3]), point=Path(_unescape(fields[4])), fstype=rest[0],
-                options=frozenset(rest[2].split(",")),
-            ))
+            mounts.append(
+                _Mount(
+                    root=_unescape(fields[3]),
+                    point=Path(_unescape(fields[4])),
+                    fstype=rest[0],
+                    options=frozenset(rest[2].split(",")),
+                )
+            )
     return mounts
 
 
@@ -271,16 +284,14 @@ def _inside(mount: _Mount, cgroup_path: str) -> Path | None:
     root = mount.root.rstrip("/")
     if cgroup_path != root and not cgroup_path.startswith(root + "/"):
         return None
-    directory = mount.point / cgroup_path[len(root):].lstrip("/")
+    directory = mount.point / cgroup_path[len(root) :].lstrip("/")
     return directory if directory.is_dir() else None
 
 
 def _detect_v1(mounts: list[_Mount], own: dict[str, str]) -> CgroupHost | str:
     parents: dict[str, Path] = {}
     for controller in V1_CONTROLLERS:
-        mount = next(
-            (m for m in mounts if m.fstype == "cgroup" and controller in m.options), None
-        )
+        mount = next((m for m in mounts if m.fstype == "cgroup" and controller in m.options), None)
         if mount is None or controller not in own:
             return f"the cgroup v1 {controller} controller is not mounted"
         parent = _inside(mount, own[controller])
@@ -352,7 +363,8 @@ def remove_leftovers(host: CgroupHost) -> None:
         for entry in entries:
             if not entry.name.startswith(PREFIX):
                 continue
-            owner = entry.name[len(PREFIX):].split("-", 1)[0]
+            parts = entry.name[len(PREFIX) :].rsplit("-", 2)
+            owner = parts[1] if len(parts) == 3 else ""
             if owner.isdigit() and not _alive(int(owner)):
                 _rmdir(entry)
 

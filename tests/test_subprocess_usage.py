@@ -1,0 +1,143 @@
+"""The subprocess backend's usage comes from a cgroup of the execution's own, which a program
+cannot hide from; without one it is marked not measured, never reported low. Judged from the
+host: the CPU of the program's children read from /proc while they are alive, and the cgroup
+directories found by walking /sys/fs/cgroup."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox, cgroups
+from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core.testing.host import marker, pids_with
+
+pytestmark = pytest.mark.anyio
+
+PROFILE = "usage"
+HOST = cgroups.detect()
+ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+needs_cgroups = pytest.mark.skipif(
+    not (ROOT and isinstance(HOST, cgroups.CgroupHost)), reason=f"no cgroups here: {HOST}"
+)
+
+#: Each child burns this much CPU, says so on a pipe, then blocks until the program lets go.
+BURN_SECONDS = 1.0
+CHILD = f"""
+import os, sys, time
+ready, hold = int(sys.argv[1]), int(sys.argv[2])
+t = time.process_time()
+while time.process_time() - t < {BURN_SECONDS}:
+    pass
+os.write(ready, b"1")
+os.read(hold, 1)
+"""
+
+#: Children the kernel reaps itself (SIGCHLD ignored), so wait4 never sees their usage.
+HIDING = """
+import os, signal, sys
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+ready_r, ready_w = os.pipe()
+hold_r, hold_w = os.pipe()
+for _ in range(2):
+    if os.fork() == 0:
+        os.close(ready_r)
+        os.close(hold_w)
+        os.set_inheritable(ready_w, True)
+        os.set_inheritable(hold_r, True)
+        os.execv(sys.executable, [sys.executable, "-c", CHILD, str(ready_w), str(hold_r), MARK])
+os.close(ready_w)
+os.close(hold_r)
+got = b""
+while len(got) < 2:
+    got += os.read(ready_r, 2)
+await measure()
+os.close(hold_w)
+try:
+    os.wait()  # with SIGCHLD ignored: returns once every child is gone, with nothing to reap
+except ChildProcessError:
+    pass
+return "done"
+"""
+
+
+def deployment() -> DeploymentConfig:
+    return DeploymentConfig(
+        profiles={
+            PROFILE: ProfileConfig(
+                backend="subprocess",
+                limits=ExecutionLimits(cpu_seconds=20, wall_seconds=60.0, grace_seconds=0.5),
+            )
+        }
+    )
+
+
+def our_cgroups() -> list[Path]:
+    """Per-execution cgroup directories this test process made, found by walking every
+    mounted hierarchy (not by asking the code under test where it put them)."""
+    mine = f"{cgroups.PREFIX}subprocess-{os.getpid()}-"
+    found = []
+    for top, dirs, _ in os.walk("/sys/fs/cgroup"):
+        found += [Path(top) / name for name in dirs if name.startswith(mine)]
+    return found
+
+
+@pytest.fixture(autouse=True)
+def nothing_left() -> Iterator[None]:
+    assert our_cgroups() == []
+    yield
+    assert our_cgroups() == []
+
+
+def cpu_from_proc(pid: int) -> float:
+    """utime + stime of a live process, from the host's /proc."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        fields = fh.read().rsplit(b")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+async def run_hiding(sandbox: Sandbox) -> tuple[Any, list[float]]:
+    mark = marker()
+    seen: list[float] = []
+
+    def measure() -> None:
+        # Runs on the host while the children are alive and done burning.
+        seen.extend(cpu_from_proc(pid) for pid in pids_with(mark))
+
+    source = HIDING.replace("CHILD", repr(CHILD)).replace("MARK", repr(mark))
+    result = await sandbox.run(
+        source, profile=PROFILE, bindings=FunctionBindings({"measure": measure})
+    )
+    assert pids_with(mark) == []
+    return result, seen
+
+
+@needs_cgroups
+async def test_children_reaped_by_the_kernel_are_still_counted() -> None:
+    async with Sandbox(deployment()) as sandbox:
+        result, seen = await run_hiding(sandbox)
+    assert result.error is None, result.error
+    assert len(seen) == 2
+    assert sum(seen) >= 2 * BURN_SECONDS * 0.9
+    assert result.usage.measured_by == "host"
+    assert result.usage.cpu_seconds is not None
+    # Everything the children burned, as the host saw it, and not wildly more.
+    assert sum(seen) <= result.usage.cpu_seconds < sum(seen) + 2.0, (seen, result.usage)
+    assert result.usage.peak_memory_bytes is not None and result.usage.peak_memory_bytes > 0
+
+
+async def test_without_a_cgroup_usage_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cgroups, "detect", lambda: "no cgroups (made so by the test)")
+    async with Sandbox(deployment()) as sandbox:
+        result, seen = await run_hiding(sandbox)
+    assert result.error is None, result.error
+    assert sum(seen) >= 2 * BURN_SECONDS * 0.9
+    # Not a low number: nothing here could count the hidden children.
+    assert result.usage.measured_by == "none"
+    assert result.usage.cpu_seconds is None
+    assert result.usage.peak_memory_bytes is None
