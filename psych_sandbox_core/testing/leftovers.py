@@ -169,3 +169,25 @@ def host_targets(mark: str) -> Iterator[tuple[str, str]]:
         yield f"{base}/file", f"{base}/dir"
     finally:
         remove_tree(base)
+
+
+@contextmanager
+def process_under(uid: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A process the host starts under ``uid``, as one that escaped an execution would run;
+    yielded once it really runs as the uid. Killed and reaped on the way out."""
+    process = subprocess.Popen(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+         "/usr/bin/python3", "-I", "-c", "import sys; sys.stdout.write('up'); sys.stdout.flush()"
+         "; import time; time.sleep(600)"],
+        cwd="/", stdout=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        # It writes only once exec'd as the uid: no polling for the switch.
+        assert process.stdout.read(2) == b"up", "the process under the uid did not start"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
