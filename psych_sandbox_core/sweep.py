@@ -346,8 +346,12 @@ def clear_keyrings(uid: int) -> bool:
                 # Made if missing (and then invalidated with the rest), linked only into this
                 # thread's own keyring, which ends with the thread.
                 rings.append(
-                    libc.syscall(keyctl, KEYCTL_GET_PERSISTENT, ctypes.c_long(-1),
-                                 ctypes.c_long(KEY_SPEC_THREAD_KEYRING))
+                    libc.syscall(
+                        keyctl,
+                        KEYCTL_GET_PERSISTENT,
+                        ctypes.c_long(-1),
+                        ctypes.c_long(KEY_SPEC_THREAD_KEYRING),
+                    )
                 )
             for ring in rings:
                 if ring > 0:

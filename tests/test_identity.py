@@ -136,8 +136,16 @@ async def test_a_uid_a_crashed_host_never_handed_back_is_cleared_before_reuse() 
     # What a host that died mid-execution leaves: a process still running under the uid, and
     # a lock file that was never emptied (nobody holds its lock any more).
     straggler = subprocess.Popen(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-         SYSTEM_PYTHON, "-c", "import time; time.sleep(60)", mark],
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            SYSTEM_PYTHON,
+            "-c",
+            "import time; time.sleep(60)",
+            mark,
+        ],
         cwd="/",
     )
     lock_file = os.path.join(_lock_directory(), str(uid))
@@ -184,9 +192,7 @@ def fresh_range() -> Iterator[IdentityRange]:
     identities = IdentityRange(first=1_960_000_000 + 8 * random.randrange(100_000), count=4)
     yield identities
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(
-            os.path.join(_lock_directory(), f"cursor-{identities.first}-{identities.count}")
-        )
+        os.unlink(os.path.join(_lock_directory(), f"cursor-{identities.first}-{identities.count}"))
 
 
 def lease_elsewhere(identities: IdentityRange) -> int:
@@ -195,9 +201,17 @@ def lease_elsewhere(identities: IdentityRange) -> int:
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", LEASE_IN_ANOTHER_PROCESS, str(identities.first),
-         str(identities.count)],
-        capture_output=True, text=True, check=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            LEASE_IN_ANOTHER_PROCESS,
+            str(identities.first),
+            str(identities.count),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     return int(done.stdout)
 
@@ -242,8 +256,11 @@ def test_a_uid_handed_back_clean_leaves_no_lock_file(fresh_range: IdentityRange)
     assert os.path.exists(lock_file)
     lease.release()
     assert not os.path.exists(lock_file)
-    leftovers = [n for n in os.listdir(_lock_directory()) if n.isdigit()
-                 and fresh_range.first <= int(n) < fresh_range.first + fresh_range.count]
+    leftovers = [
+        n
+        for n in os.listdir(_lock_directory())
+        if n.isdigit() and fresh_range.first <= int(n) < fresh_range.first + fresh_range.count
+    ]
     assert leftovers == []
 
 
@@ -260,8 +277,7 @@ def test_every_uid_leased_is_exhaustion(fresh_range: IdentityRange) -> None:
 # ---------------------------------------------------------------- the sweep is unconditional
 
 
-async def test_a_process_under_the_uid_outside_the_pid_namespace_dies_with_the_execution(
-) -> None:
+async def test_a_process_under_the_uid_outside_the_pid_namespace_dies_with_the_execution() -> None:
     # The pid namespace holds the program's tree, but proves nothing about the uid: a process
     # under it elsewhere (here started by the host, as one that escaped would run) is killed
     # before the uid goes back.

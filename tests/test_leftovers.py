@@ -66,14 +66,21 @@ async def test_state_without_processes_is_gone_and_the_next_holder_finds_none(
     options = {"identity_first_uid": one_uid, "identity_count": 1}
     with host_targets(mark) as (target, target_dir):
         async with Sandbox(config(options=options)) as sandbox:
-            planted = await sandbox.run(planting_program(mark, target, target_dir),
-                                        profile=PROFILE)
+            planted = await sandbox.run(planting_program(mark, target, target_dir), profile=PROFILE)
             assert planted.error is None, planted.error
             done = json.loads(planted.return_value)
             # Every kind was really planted (else the checks below could not fail).
             assert all(done.values()), done
-            assert set(done) >= {"shm", "msg", "sem", "mqueue", "key_user",
-                                 "key_user_session", "key_persistent", *PLANT_DIRECTORIES}
+            assert set(done) >= {
+                "shm",
+                "msg",
+                "sem",
+                "mqueue",
+                "key_user",
+                "key_user_session",
+                "key_persistent",
+                *PLANT_DIRECTORIES,
+            }
             # Judged from the host: nothing of it is left under the uid.
             left = host_leftovers(mark, one_uid)
             assert [item for item in left if item != "keys"] == []
@@ -112,11 +119,24 @@ def test_a_sweep_removes_what_a_process_of_the_uid_left(one_uid: int) -> None:
     mark = marker("psych-left")
     with host_targets(mark) as (target, target_dir):
         script = planting_program(mark, target, target_dir).replace(
-            "json.dumps(done)", "print(json.dumps(done))")
+            "json.dumps(done)", "print(json.dumps(done))"
+        )
         planted = subprocess.run(
-            ["setpriv", f"--reuid={one_uid}", f"--regid={one_uid}", "--clear-groups",
-             "/usr/bin/python3", "-I", "-c", script],
-            capture_output=True, text=True, check=True, cwd="/", timeout=60,
+            [
+                "setpriv",
+                f"--reuid={one_uid}",
+                f"--regid={one_uid}",
+                "--clear-groups",
+                "/usr/bin/python3",
+                "-I",
+                "-c",
+                script,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd="/",
+            timeout=60,
         )
         assert all(json.loads(planted.stdout).values()), planted.stdout
         assert host_leftovers(mark, one_uid) != []

@@ -143,9 +143,19 @@ def message_queues() -> str:
     """The host's POSIX message queues, listed through an mqueue filesystem that the
     unshare(1) tool mounts in a mount namespace of its own (gone when it exits)."""
     listed = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-         "mount -t mqueue none /mnt && ls -a /mnt"],
-        capture_output=True, text=True, check=True, timeout=30,
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t mqueue none /mnt && ls -a /mnt",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
     )
     return listed.stdout
 
@@ -176,10 +186,18 @@ def process_under(uid: int) -> Iterator[subprocess.Popen[bytes]]:
     """A process the host starts under ``uid``, as one that escaped an execution would run;
     yielded once it really runs as the uid. Killed and reaped on the way out."""
     process = subprocess.Popen(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-         "/usr/bin/python3", "-I", "-c", "import sys; sys.stdout.write('up'); sys.stdout.flush()"
-         "; import time; time.sleep(600)"],
-        cwd="/", stdout=subprocess.PIPE,
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            "import sys; sys.stdout.write('up'); sys.stdout.flush(); import time; time.sleep(600)",
+        ],
+        cwd="/",
+        stdout=subprocess.PIPE,
     )
     try:
         assert process.stdout is not None

@@ -16,7 +16,6 @@ from typing import Any
 import anyio
 import pytest
 from bwrap_support import PROFILE, config, needs_root, requires_bwrap
-from psych_sandbox_bwrap import cgroups
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core.identity import EmptyCgroup, IdentityLease
 from psych_sandbox_core.sweep import has_keys, sweep
@@ -28,6 +27,8 @@ from psych_sandbox_core.testing.leftovers import (
     planting_program,
     process_under,
 )
+
+from psych_sandbox_bwrap import cgroups
 
 pytestmark = [requires_bwrap, needs_root, pytest.mark.anyio]
 
@@ -51,13 +52,14 @@ async def test_state_planted_in_the_sandbox_is_gone_from_the_host(
     uid, mark = one_uid["identity_first_uid"], marker("psych-left")
     with host_targets(mark) as (target, target_dir):
         async with Sandbox(config(one_uid)) as sandbox:
-            planted = await sandbox.run(planting_program(mark, target, target_dir),
-                                        profile=PROFILE)
+            planted = await sandbox.run(planting_program(mark, target, target_dir), profile=PROFILE)
             assert planted.error is None, planted.error
             done = json.loads(planted.return_value)
             # Planted in the sandbox's own namespaces and temp directories...
-            assert all(done[kind] for kind in ("shm", "msg", "sem", "mqueue", "/tmp",
-                                               "/dev/shm", "key_user")), done
+            assert all(
+                done[kind]
+                for kind in ("shm", "msg", "sem", "mqueue", "/tmp", "/dev/shm", "key_user")
+            ), done
             # ...and none of it is on the host once the execution is over.
             assert host_leftovers(mark, uid) in ([], ["keys"])
             with anyio.move_on_after(10):  # keys are collected in the background

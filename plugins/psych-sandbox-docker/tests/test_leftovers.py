@@ -27,6 +27,7 @@ from psych_sandbox_core.testing.leftovers import (
     planting_program,
     process_under,
 )
+
 from psych_sandbox_docker import engine as eng
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("engine")]
@@ -58,8 +59,7 @@ async def test_state_planted_in_the_container_is_gone_from_the_host(
     uid, mark = one_uid["identity_first_uid"], marker("psych-left")
     with host_targets(mark) as (target, target_dir):
         async with Sandbox(config(runtime, one_uid)) as sandbox:
-            planted = await sandbox.run(planting_program(mark, target, target_dir),
-                                        profile=PROFILE)
+            planted = await sandbox.run(planting_program(mark, target, target_dir), profile=PROFILE)
             assert planted.error is None, planted.error
             done = json.loads(planted.return_value)
             # Planted in the container's own IPC namespace and /tmp...
