@@ -175,7 +175,7 @@ class IdentityRange:
         """The next free uid after the one this range handed out last (blocking)."""
         directory = _lock_directory()
         cursor = os.open(
-            os.path.join(directory, f"cursor-{self.first}-{self.count}"),
+            _cursor_path(directory, self),
             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
             0o600,
         )
@@ -194,6 +194,18 @@ class IdentityRange:
         raise IdentityExhausted(
             f"all {self.count} identities from {self.first} are in use by running executions"
         )
+
+    def forget(self) -> None:
+        """Remove the range's cursor (a range no longer configured); the next lease from it
+        starts at its first uid."""
+        try:
+            os.unlink(_cursor_path(_lock_directory(), self))
+        except FileNotFoundError:
+            pass
+
+
+def _cursor_path(directory: str, identities: IdentityRange) -> str:
+    return os.path.join(directory, f"cursor-{identities.first}-{identities.count}")
 
 
 #: How often a leaser retries a uid whose lock file was removed under it by its last holder.

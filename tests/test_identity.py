@@ -17,7 +17,7 @@ import pytest
 
 from psych_sandbox_core import ConfigurationError, Sandbox
 from psych_sandbox_core.identity import IdentityExhausted, IdentityRange
-from psych_sandbox_core.testing.leftovers import process_under
+from psych_sandbox_core.testing.leftovers import own_uid, process_under
 from psych_sandbox_core.testing.programs import SECRET_SPY, secret_holder
 
 from .conftest import PROFILE, config, marker, pids_with, wait_for_pids
@@ -169,6 +169,7 @@ async def test_a_uid_a_crashed_host_never_handed_back_is_cleared_before_reuse() 
         straggler.wait()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(lock_file)
+        IdentityRange(first=uid, count=1).forget()
 
 
 # ---------------------------------------------------------------- rotation
@@ -187,12 +188,9 @@ def fresh_range() -> Iterator[IdentityRange]:
     """A small range of its own (no other test leases from it), its cursor removed after."""
     import random
 
-    from psych_sandbox_core.identity import _lock_directory
-
     identities = IdentityRange(first=1_960_000_000 + 8 * random.randrange(100_000), count=4)
     yield identities
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(_lock_directory(), f"cursor-{identities.first}-{identities.count}"))
+    identities.forget()
 
 
 def lease_elsewhere(identities: IdentityRange) -> int:
@@ -284,8 +282,7 @@ async def test_a_process_under_the_uid_outside_the_pid_namespace_dies_with_the_e
     import random
 
     uid = 1_980_000_000 + random.randrange(1_000_000)
-    options = {"identity_first_uid": uid, "identity_count": 1}
-    with process_under(uid) as straggler:
+    with own_uid(uid) as options, process_under(uid) as straggler:
         async with Sandbox(config(options=options)) as sandbox:
             result = await sandbox.run("import os; os.getuid()", profile=PROFILE)
         assert result.error is None, result.error

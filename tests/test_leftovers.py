@@ -23,6 +23,7 @@ from psych_sandbox_core.testing.leftovers import (
     finding_program,
     host_leftovers,
     host_targets,
+    own_uid,
     planting_program,
 )
 
@@ -47,8 +48,8 @@ def anyio_backend() -> str:
 def one_uid() -> Iterator[int]:
     """A uid of its own for this test: a one-uid range, so every execution leases it."""
     uid = 1_950_000_000 + random.randrange(1_000_000)
-    yield uid
-    sweep(uid, uid)  # whatever a failed test left
+    with own_uid(uid):
+        yield uid
 
 
 async def keys_collected(uid: int) -> bool:
@@ -96,9 +97,15 @@ async def test_state_without_processes_is_gone_and_the_next_holder_finds_none(
         assert [item for item in host_leftovers(mark, one_uid) if item != "keys"] == []
 
 
-async def test_a_program_that_locks_its_own_keyring_cannot_stop_the_sweep(one_uid: int) -> None:
-    # Taking every permission off its user keyring hides it from the uid itself: the sweep
-    # must still finish (and release the uid) rather than fail on it.
+#: The one uid the keyring-locking test runs under: the kernel keeps a locked keyring for
+#: good, so every run reuses this uid rather than leave one behind per run.
+LOCKED_KEYRING_UID = 1_949_999_999
+
+
+async def test_a_program_that_locks_its_own_keyring_cannot_stop_the_sweep() -> None:
+    # Taking every permission off its user keyring hides it from the uid itself (and from
+    # root): the sweep must still finish, and release the uid, rather than fail on it.
+    uid = LOCKED_KEYRING_UID
     program = """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
@@ -106,12 +113,12 @@ ring = libc.syscall(250, 0, ctypes.c_long(-4), 1)
 libc.syscall(248, b"user", b"hidden", b"x", 1, ctypes.c_long(ring))
 libc.syscall(250, 5, ctypes.c_long(ring), 0)
 """
-    options = {"identity_first_uid": one_uid, "identity_count": 1}
-    async with Sandbox(config(options=options)) as sandbox:
-        first = await sandbox.run(program, profile=PROFILE)
-        second = await sandbox.run("import os; os.getuid()", profile=PROFILE)
+    with own_uid(uid) as options:
+        async with Sandbox(config(options=options)) as sandbox:
+            first = await sandbox.run(program, profile=PROFILE)
+            second = await sandbox.run("import os; os.getuid()", profile=PROFILE)
     assert first.error is None and second.error is None
-    assert second.return_value == one_uid
+    assert second.return_value == uid
 
 
 def test_a_sweep_removes_what_a_process_of_the_uid_left(one_uid: int) -> None:

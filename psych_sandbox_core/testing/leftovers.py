@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..sweep import sweep
 from ..workspace import remove_tree
 
 #: World-writable directories the planting program writes into, where it can.
@@ -209,3 +210,16 @@ def process_under(uid: int) -> Iterator[subprocess.Popen[bytes]]:
         process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+@contextmanager
+def own_uid(uid: int) -> Iterator[dict[str, int]]:
+    """Backend options that lease ``uid`` alone to every execution (a one-uid range); on the
+    way out whatever a failed test left under it is swept and the range's cursor removed."""
+    from ..identity import IdentityRange
+
+    try:
+        yield {"identity_first_uid": uid, "identity_count": 1}
+    finally:
+        sweep(uid, uid)
+        IdentityRange(uid, 1).forget()

@@ -18,12 +18,13 @@ import pytest
 from bwrap_support import PROFILE, config, needs_root, requires_bwrap
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core.identity import EmptyCgroup, IdentityLease
-from psych_sandbox_core.sweep import has_keys, sweep
+from psych_sandbox_core.sweep import has_keys
 from psych_sandbox_core.testing.host import marker
 from psych_sandbox_core.testing.leftovers import (
     finding_program,
     host_leftovers,
     host_targets,
+    own_uid,
     planting_program,
     process_under,
 )
@@ -41,9 +42,8 @@ def anyio_backend() -> str:
 @pytest.fixture
 def one_uid() -> Iterator[dict[str, Any]]:
     """Options leasing one uid of this test's own to every execution."""
-    uid = 1_990_000_000 + random.randrange(1_000_000)
-    yield {"identity_first_uid": uid, "identity_count": 1}
-    sweep(uid, uid)
+    with own_uid(1_990_000_000 + random.randrange(1_000_000)) as options:
+        yield options
 
 
 async def test_state_planted_in_the_sandbox_is_gone_from_the_host(

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 from docker_support import PROFILE, RUNTIMES, config, skip_unless_required
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core.sweep import has_keys, sweep
+from psych_sandbox_core.sweep import has_keys
 from psych_sandbox_core.testing.host import marker
 from psych_sandbox_core.testing.leftovers import (
     finding_program,
     host_leftovers,
     host_targets,
+    own_uid,
     planting_program,
     process_under,
 )
@@ -47,9 +48,8 @@ def anyio_backend() -> str:
 @pytest.fixture
 def one_uid() -> Iterator[dict[str, Any]]:
     """Options leasing one uid of this test's own to every execution."""
-    uid = 1_995_000_000 + random.randrange(1_000_000)
-    yield {"identity_first_uid": uid, "identity_count": 1}
-    sweep(uid, uid)
+    with own_uid(1_995_000_000 + random.randrange(1_000_000)) as options:
+        yield options
 
 
 @RUNTIMES
