@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import anyio
+from psych_sandbox_core.identity import EmptyCgroup, remove_execution_cgroup
 
 #: Per-execution cgroups are named ``<PREFIX><backend>-<host pid>-<random>``, so a later host
 #: can tell a leftover (its host died before teardown) from a live one.
@@ -188,14 +189,12 @@ class ExecutionCgroup:
         except (OSError, ValueError):
             return None
 
-    async def remove(self) -> bool:
-        """Kill stragglers, then rmdir every directory; True if none is left."""
+    async def remove(self) -> EmptyCgroup | None:
+        """Kill stragglers, then rmdir every directory: the kernel's proof that the tree is
+        gone when every one was removed, else None (one is left behind)."""
         self.close_join_fds()
         await self.drain()
-        left = False
-        for directory in self.directories:
-            left |= not _rmdir(directory)
-        return not left
+        return remove_execution_cgroup(self.directories)
 
 
 def _read(path: Path) -> str:

@@ -7,8 +7,19 @@ range no account uses, and takes it back when the execution is over.
 
 A lease is an exclusive ``flock`` on a per-uid file in a root-only directory: it holds across
 every host process on the machine and is released by the kernel if the host dies, so a crash
-never strands a uid. Leases go to the lowest free uid, which keeps the lock files few (as many
-as the highest concurrency seen).
+never strands a uid. A lock file with content is a uid its last holder never handed back
+(the host died): whatever it left is swept before the uid is used again. A uid handed back
+clean has its file removed, so the files are as many as the uids leased right now.
+
+Uids are not reused eagerly: a cursor file per range, under its own ``flock``, walks the
+range in order (skipping uids leased right now), so a uid comes back only after the whole
+range has been leased, least recently used first. Whatever escaped every other measure under
+one uid does not meet the next execution, which gets another.
+
+Before a uid goes back, :func:`psych_sandbox_core.sweep.sweep` kills whatever still runs under
+it and removes the state it could leave without a process (SysV IPC, message queues, files in
+shared directories, keyrings). Only kernel proof that no process can remain
+(:class:`EmptyCgroup`) skips the scan for processes; the rest of the sweep always runs.
 """
 
 from __future__ import annotations
@@ -17,19 +28,18 @@ import errno
 import fcntl
 import os
 import pwd
-import select
-import signal
 import stat
 import tempfile
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, final
 
 import anyio
 from pydantic import Field
 
 from .backend import BackendOptions, BackendUnavailable
 from .errors import ConfigurationError
+from .sweep import sweep
 
 #: Default range: far above the uids distributions hand out (and above the 100000+ ranges
 #: container tools use for subordinate ids), below 2**31 so no tool misreads it as negative.
@@ -55,35 +65,81 @@ class IdentityExhausted(Exception):
     """Every uid of the range is leased right now (more concurrent executions than uids)."""
 
 
+#: Only this module makes :class:`EmptyCgroup` proofs.
+_MINT = object()
+
+
+@final
+class EmptyCgroup:
+    """Kernel proof that no process of an execution remains: the cgroup that held its whole
+    tree (joined before the tree's first process ran as the leased uid, and impossible to
+    leave without write access to cgroupfs) was removed, and the kernel removes only an
+    empty cgroup. Made by :func:`remove_execution_cgroup` alone, never by hand."""
+
+    __slots__ = ("directories",)
+
+    def __init__(self, directories: tuple[str, ...], *, mint: object = None) -> None:
+        if mint is not _MINT:
+            raise TypeError("an EmptyCgroup is made by remove_execution_cgroup() only")
+        self.directories = directories
+
+    def __repr__(self) -> str:
+        return f"EmptyCgroup({self.directories!r})"
+
+
+def remove_execution_cgroup(directories: Iterable[str | os.PathLike[str]]) -> EmptyCgroup | None:
+    """rmdir every directory of an execution's cgroup (one per hierarchy); the proof that it
+    was empty when each one was removed by this call, else None (one is busy or was gone)."""
+    removed: list[str] = []
+    failed = False
+    for directory in directories:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            failed = True  # still populated (EBUSY), or not ours to claim (already gone)
+            continue
+        removed.append(os.fspath(directory))
+    if failed or not removed:
+        return None
+    return EmptyCgroup(tuple(removed), mint=_MINT)
+
+
 @dataclass
 class IdentityLease:
     uid: int
     gid: int
     _fd: int = field(repr=False)
+    _path: str = field(repr=False, default="")
 
-    async def retire(self, *, sweep: bool = True) -> None:
-        """Kill whatever still runs under the uid, then give it back; shielded from
-        cancellation, since an execution's teardown must finish. A uid whose processes will
-        not die stays leased (and marked unclean for the next holder) rather than be shared.
+    async def retire(self, empty: EmptyCgroup | None = None) -> None:
+        """Sweep the uid, then give it back; shielded from cancellation, since an execution's
+        teardown must finish. A uid whose processes will not die, or whose state cannot be
+        removed, stays leased (and marked unclean for the next holder) rather than be shared.
 
-        ``sweep=False`` where a pid namespace held the whole tree: its end killed everything,
-        and scanning every process on the host would only cost time.
+        ``empty``, kernel proof that no process of the execution remains, spares the scan
+        for processes; everything else is swept regardless. Off the event loop.
         """
-        if not sweep:
-            self.release()
-            return
         with anyio.CancelScope(shield=True):
             try:
-                await anyio.to_thread.run_sync(kill_processes_of, self.uid)
+                await anyio.to_thread.run_sync(
+                    lambda: sweep(self.uid, self.gid, processes=empty is None)
+                )
             except OSError:
                 return
             self.release()
 
     def release(self) -> None:
-        """Give the uid back. Call only once nothing runs under it any more."""
+        """Give the uid back. Call only once nothing of the execution is left under it."""
         if self._fd >= 0:
-            # An empty lock file tells the next holder the uid was handed back clean.
+            # Emptied first: should the removal fail, an empty file still reads as clean.
             os.ftruncate(self._fd, 0)
+            # Removed while still locked: a leaser that opened it before cannot mistake the
+            # old file for the uid's (it checks the path still names what it locked).
+            if self._path:
+                try:
+                    os.unlink(self._path)
+                except FileNotFoundError:
+                    pass
             os.close(self._fd)  # closing drops the flock
             self._fd = -1
 
@@ -106,105 +162,108 @@ class IdentityRange:
                     f"{entry.pw_name!r} ({entry.pw_uid}); choose a range no account uses"
                 )
 
-    def lease_for_execution(self) -> IdentityLease:
+    async def lease_for_execution(self) -> IdentityLease:
         """A lease, or BackendUnavailable when every uid is in use: more executions at once
-        than the range holds is the deployment's limit, not the program's."""
+        than the range holds is the deployment's limit, not the program's. In a worker
+        thread: the cursor's lock may be held by another host sweeping a crashed one's uid."""
         try:
-            return self.lease()
+            return await anyio.to_thread.run_sync(self.lease)
         except IdentityExhausted as exc:
             raise BackendUnavailable(str(exc)) from exc
 
     def lease(self) -> IdentityLease:
+        """The next free uid after the one this range handed out last (blocking)."""
         directory = _lock_directory()
-        for uid in range(self.first, self.first + self.count):
-            path = os.path.join(directory, str(uid))
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    continue
-                raise
-            if os.fstat(fd).st_size:
-                # The last holder died without handing the uid back (a crashed host): whatever
-                # it left running under this uid goes before the uid is used again.
-                kill_processes_of(uid)
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            return IdentityLease(uid, uid, fd)
+        cursor = os.open(
+            _cursor_path(directory, self),
+            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+        try:
+            # Held while choosing: two hosts leasing from the range at once walk it in turn.
+            fcntl.flock(cursor, fcntl.LOCK_EX)
+            start = _read_cursor(cursor, self.count)
+            for step in range(self.count):
+                offset = (start + step) % self.count
+                lease = _try_lease(directory, self.first + offset)
+                if lease is not None:
+                    _write_cursor(cursor, (offset + 1) % self.count)
+                    return lease
+        finally:
+            os.close(cursor)  # closing drops the flock
         raise IdentityExhausted(
             f"all {self.count} identities from {self.first} are in use by running executions"
         )
 
-
-def kill_processes_of(uid: int, *, seconds: float = 5.0) -> None:
-    """SIGKILL every live process any of whose uids is ``uid``, and wait until they are dead.
-
-    Blocking: call it from a worker thread. Each victim is held by a pidfd, so its death is
-    waited on, never polled for, and a recycled pid is never signalled.
-    """
-    deadline = time.monotonic() + seconds
-    while True:
-        victims = _processes_of(uid)
-        if not victims:
-            return
-        if time.monotonic() > deadline:
-            raise OSError(f"processes of uid {uid} survived SIGKILL for {seconds:g} s: {victims}")
-        handles = []
-        for pid in victims:
-            try:
-                handle = os.pidfd_open(pid)
-            except OSError:
-                continue  # already gone
-            try:
-                signal.pidfd_send_signal(handle, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            handles.append(handle)
+    def forget(self) -> None:
+        """Remove the range's cursor (a range no longer configured); the next lease from it
+        starts at its first uid."""
         try:
-            poller = select.poll()
-            for handle in handles:
-                poller.register(handle, select.POLLIN)
-            pending = len(handles)
-            while pending and time.monotonic() < deadline:
-                ready = poller.poll(max(1, int((deadline - time.monotonic()) * 1000)))
-                for handle, _ in ready:
-                    poller.unregister(handle)
-                    pending -= 1
-        finally:
-            for handle in handles:
-                os.close(handle)
+            os.unlink(_cursor_path(_lock_directory(), self))
+        except FileNotFoundError:
+            pass
 
 
-def _processes_of(uid: int) -> list[int]:
-    victims = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def _cursor_path(directory: str, identities: IdentityRange) -> str:
+    return os.path.join(directory, f"cursor-{identities.first}-{identities.count}")
+
+
+#: How often a leaser retries a uid whose lock file was removed under it by its last holder.
+_REOPEN_ATTEMPTS = 3
+
+
+def _try_lease(directory: str, uid: int) -> IdentityLease | None:
+    """The uid's lease if nobody holds it (swept first if its last holder died), else None."""
+    path = os.path.join(directory, str(uid))
+    for _ in range(_REOPEN_ATTEMPTS):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            # The status file, not the directory's owner: a process that made itself
-            # undumpable hands its /proc directory to root, but not its uids.
-            with open(f"/proc/{entry}/status") as fh:
-                status = fh.read()
-        except OSError:
-            continue
-        if _runs_as(status, uid):
-            victims.append(int(entry))
-    return victims
-
-
-def _runs_as(status: str, uid: int) -> bool:
-    """Whether a /proc status text is a live process with ``uid`` among its uids. A zombie
-    is already dead (it only waits for its parent to reap it) and cannot be killed again."""
-    state = uids = ""
-    for line in status.splitlines():
-        if line.startswith("State:"):
-            state = line.split()[1] if len(line.split()) > 1 else ""
-        elif line.startswith("Uid:"):
-            uids = line
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+            raise
+        if _still_named(fd, path):
             break
-    return state not in ("Z", "X") and str(uid) in uids.split()[1:]
+        # The holder removed the file between our open and our lock (a clean hand-back):
+        # that inode is nobody's lock any more; open the path again.
+        os.close(fd)
+    else:
+        return None
+    if os.fstat(fd).st_size:
+        # The last holder died without handing the uid back (a crashed host): whatever it
+        # left under this uid goes before the uid is used again.
+        try:
+            sweep(uid, uid)
+        except OSError:
+            os.close(fd)  # left marked: the next leaser tries again
+            return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return IdentityLease(uid, uid, fd, path)
+
+
+def _still_named(fd: int, path: str) -> bool:
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _read_cursor(fd: int, count: int) -> int:
+    try:
+        return int(os.pread(fd, 32, 0) or b"0") % count
+    except ValueError:
+        return 0  # unreadable: start over from the range's first uid
+
+
+def _write_cursor(fd: int, offset: int) -> None:
+    data = f"{offset}\n".encode()
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
 
 
 def _lock_directory() -> str:

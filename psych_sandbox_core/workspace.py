@@ -20,7 +20,8 @@ import tempfile
 #: top of the workspace (a rename inside the same tree) and removed from there.
 MAX_OPEN_DIRECTORIES = 64
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+#: How a directory is opened on every step: never through a link.
+DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 def create_workspace(owner: tuple[int, int] | None = None) -> str:
@@ -33,19 +34,43 @@ def create_workspace(owner: tuple[int, int] | None = None) -> str:
 
 def remove_tree(path: str) -> None:
     """Delete ``path`` and everything under it without ever following a symlink out of it."""
+    # The directory holding it is the host's choice (and may be reached through a link,
+    # as /tmp is on macOS); only what lies below is the program's.
+    full = os.path.abspath(path)
     try:
-        top = os.lstat(path)
+        parent = os.open(os.path.dirname(full), DIRECTORY_FLAGS & ~os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    try:
+        remove_entry(parent, os.path.basename(full))
+    finally:
+        os.close(parent)
+
+
+def remove_entry(dir_fd: int, name: str) -> None:
+    """Delete the entry ``name`` of the directory open as ``dir_fd``, and everything under it
+    if it is a directory, without ever following a symlink (one is removed as a name)."""
+    try:
+        top = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return
     if not stat.S_ISDIR(top.st_mode):
-        os.unlink(path)
+        _unlink(name, dir_fd)
         return
-    fd = os.open(path, _DIR_FLAGS)
+    try:
+        fd = os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            _unlink(name, dir_fd)  # swapped for a link or file since the stat
+            return
+        if exc.errno == errno.ENOENT:
+            return
+        raise
     try:
         _empty(fd)
     finally:
         os.close(fd)
-    os.rmdir(path)
+    os.rmdir(name, dir_fd=dir_fd)
 
 
 def _open_up(dir_fd: int) -> None:
@@ -81,7 +106,7 @@ def _empty(top_fd: int) -> None:
                     descended = True  # the top now has more to do; rescan from there
                     continue
                 try:
-                    child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                    child = os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         _unlink(name, dir_fd)  # swapped for a link or file since the stat

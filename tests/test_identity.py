@@ -3,9 +3,12 @@ each other, and nothing of an execution survives under its uid. Asserted from th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import signal
 import textwrap
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -13,7 +16,8 @@ import anyio
 import pytest
 
 from psych_sandbox_core import ConfigurationError, Sandbox
-from psych_sandbox_core.identity import IdentityRange
+from psych_sandbox_core.identity import IdentityExhausted, IdentityRange
+from psych_sandbox_core.testing.leftovers import own_uid, process_under
 from psych_sandbox_core.testing.programs import SECRET_SPY, secret_holder
 
 from .conftest import PROFILE, config, marker, pids_with, wait_for_pids
@@ -132,8 +136,16 @@ async def test_a_uid_a_crashed_host_never_handed_back_is_cleared_before_reuse() 
     # What a host that died mid-execution leaves: a process still running under the uid, and
     # a lock file that was never emptied (nobody holds its lock any more).
     straggler = subprocess.Popen(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-         SYSTEM_PYTHON, "-c", "import time; time.sleep(60)", mark],
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            SYSTEM_PYTHON,
+            "-c",
+            "import time; time.sleep(60)",
+            mark,
+        ],
         cwd="/",
     )
     lock_file = os.path.join(_lock_directory(), str(uid))
@@ -151,8 +163,129 @@ async def test_a_uid_a_crashed_host_never_handed_back_is_cleared_before_reuse() 
             assert pids_with(mark) == []
         finally:
             lease.release()
-        assert os.path.getsize(lock_file) == 0  # handed back clean
+        assert not os.path.exists(lock_file)  # handed back clean: no file left
     finally:
         straggler.kill()
         straggler.wait()
-        os.unlink(lock_file)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_file)
+        IdentityRange(first=uid, count=1).forget()
+
+
+# ---------------------------------------------------------------- rotation
+
+LEASE_IN_ANOTHER_PROCESS = """
+import sys
+from psych_sandbox_core.identity import IdentityRange
+lease = IdentityRange(first=int(sys.argv[1]), count=int(sys.argv[2])).lease()
+print(lease.uid)
+lease.release()
+"""
+
+
+@pytest.fixture
+def fresh_range() -> Iterator[IdentityRange]:
+    """A small range of its own (no other test leases from it), its cursor removed after."""
+    import random
+
+    identities = IdentityRange(first=1_960_000_000 + 8 * random.randrange(100_000), count=4)
+    yield identities
+    identities.forget()
+
+
+def lease_elsewhere(identities: IdentityRange) -> int:
+    """A lease taken and handed back by another host process."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LEASE_IN_ANOTHER_PROCESS,
+            str(identities.first),
+            str(identities.count),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return int(done.stdout)
+
+
+def test_a_uid_comes_back_only_after_the_whole_range_was_leased(
+    fresh_range: IdentityRange,
+) -> None:
+    # Leases taken in turn by this process and another one, each handed back at once: the
+    # lowest free uid would be the same every time; rotation walks the range instead.
+    uids = []
+    for turn in range(2 * fresh_range.count + 1):
+        if turn % 2:
+            uids.append(lease_elsewhere(fresh_range))
+        else:
+            lease = fresh_range.lease()
+            uids.append(lease.uid)
+            lease.release()
+    start = uids[0] - fresh_range.first
+    expected = [fresh_range.first + (start + i) % fresh_range.count for i in range(len(uids))]
+    assert uids == expected
+
+
+def test_rotation_skips_a_uid_still_leased(fresh_range: IdentityRange) -> None:
+    held = fresh_range.lease()
+    try:
+        others = []
+        for _ in range(fresh_range.count):
+            lease = fresh_range.lease()
+            others.append(lease.uid)
+            lease.release()
+        assert held.uid not in others
+        assert len(set(others)) == fresh_range.count - 1
+    finally:
+        held.release()
+
+
+def test_a_uid_handed_back_clean_leaves_no_lock_file(fresh_range: IdentityRange) -> None:
+    from psych_sandbox_core.identity import _lock_directory
+
+    lease = fresh_range.lease()
+    lock_file = os.path.join(_lock_directory(), str(lease.uid))
+    assert os.path.exists(lock_file)
+    lease.release()
+    assert not os.path.exists(lock_file)
+    leftovers = [
+        n
+        for n in os.listdir(_lock_directory())
+        if n.isdigit() and fresh_range.first <= int(n) < fresh_range.first + fresh_range.count
+    ]
+    assert leftovers == []
+
+
+def test_every_uid_leased_is_exhaustion(fresh_range: IdentityRange) -> None:
+    held = [fresh_range.lease() for _ in range(fresh_range.count)]
+    try:
+        with pytest.raises(IdentityExhausted):
+            fresh_range.lease()
+    finally:
+        for lease in held:
+            lease.release()
+
+
+# ---------------------------------------------------------------- the sweep is unconditional
+
+
+async def test_a_process_under_the_uid_outside_the_pid_namespace_dies_with_the_execution() -> None:
+    # The pid namespace holds the program's tree, but proves nothing about the uid: a process
+    # under it elsewhere (here started by the host, as one that escaped would run) is killed
+    # before the uid goes back.
+    import random
+
+    uid = 1_980_000_000 + random.randrange(1_000_000)
+    with own_uid(uid) as options, process_under(uid) as straggler:
+        async with Sandbox(config(options=options)) as sandbox:
+            result = await sandbox.run("import os; os.getuid()", profile=PROFILE)
+        assert result.error is None, result.error
+        assert result.return_value == uid
+        assert result.grades["process_tree"] == "enforced"  # a pid namespace was used
+        assert straggler.poll() == -signal.SIGKILL

@@ -327,20 +327,21 @@ async def test_worker_exit_before_the_handshake() -> None:
 
 
 async def test_refused_terms_abort_before_anything_is_compiled(private_tmp: Path) -> None:
-    drop = private_tmp / "drop"
-    drop.mkdir()
-    os.chmod(drop, 0o777)
-    witness = drop / "ran"
-    source = f"open({str(witness)!r}, 'w').close()"
+    # The host's file, writable by the program's uid: one the program made itself in a
+    # world-writable directory would be swept with its uid at teardown.
+    witness = private_tmp / "ran"
+    witness.touch()
+    os.chmod(witness, 0o666)
+    source = f"open({str(witness)!r}, 'w').write('ran')"
     # Control: under acceptable terms the program does write the witness file.
-    assert (await run(source)).error is None and witness.exists()
-    witness.unlink()
+    assert (await run(source)).error is None and witness.read_text() == "ran"
+    witness.write_text("")
     async with Sandbox(config(required_level=Level.ISOLATED)) as sandbox:
         result = await sandbox.run(source + "\nprint('ran')", profile=PROFILE)
     error = result.error
     assert error is not None and error.kind is ErrorKind.ISOLATION_UNAVAILABLE
     assert "never the problem" in error.guidance
-    assert not witness.exists(), "the program ran although the terms were refused"
+    assert witness.read_text() == "", "the program ran although the terms were refused"
     assert result.stdout == ""
 
 

@@ -29,11 +29,20 @@ pytestmark = pytest.mark.anyio
 def marker_dir() -> Iterator[Path]:
     """A host directory the program's unprivileged identity could write into."""
     root = Path(tempfile.mkdtemp(prefix="psych-withhold-"))
-    os.chmod(root, 0o777)  # the child may run as another uid; it must be able to write here
+    os.chmod(root, 0o755)
+    # The child may run as another uid: it writes into a file the host made (a file of its
+    # own in a world-writable directory would be swept with its uid at teardown).
+    (root / "ran").touch(mode=0o666)
+    os.chmod(root / "ran", 0o666)
     try:
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def ran(directory: Path) -> bool:
+    """Whether the program wrote its marker."""
+    return (directory / "ran").read_text() == "the program ran"
 
 
 def writes_marker(directory: Path) -> str:
@@ -80,7 +89,7 @@ async def test_required_isolated_on_subprocess_never_runs(marker_dir: Path) -> N
     assert "deployment" in result.error.message
     assert result.error.guidance == GUIDANCE[ErrorKind.ISOLATION_UNAVAILABLE]
     assert "not of your code" in result.error.guidance
-    assert not (marker_dir / "ran").exists()
+    assert not ran(marker_dir)
     assert result.stdout == ""
 
 
@@ -89,7 +98,7 @@ async def test_the_same_program_runs_where_nothing_is_required(marker_dir: Path)
     async with _sandbox({"plain": ProfileConfig(backend="subprocess")}) as box:
         result = await box.run(writes_marker(marker_dir), profile="plain")
     assert result.error is None, result.error
-    assert (marker_dir / "ran").exists()
+    assert ran(marker_dir)
 
 
 async def test_a_minimum_level_in_the_request_is_refused_before_running(marker_dir: Path) -> None:
@@ -100,7 +109,7 @@ async def test_a_minimum_level_in_the_request_is_refused_before_running(marker_d
         )
     assert result.error is not None
     assert result.error.kind is ErrorKind.ISOLATION_UNAVAILABLE
-    assert not (marker_dir / "ran").exists()
+    assert not ran(marker_dir)
 
 
 async def test_network_request_on_a_profile_without_network_never_runs(marker_dir: Path) -> None:
@@ -112,7 +121,7 @@ async def test_network_request_on_a_profile_without_network_never_runs(marker_di
     assert result.error.kind is ErrorKind.NETWORK_NOT_ALLOWED
     assert "profile 'offline'" in result.error.message
     assert "not of your code" in result.error.guidance
-    assert not (marker_dir / "ran").exists()
+    assert not ran(marker_dir)
     # The child did report before it was refused: the abort came after the handshake.
     assert result.grades
 
@@ -128,7 +137,7 @@ async def test_a_backend_that_misreports_is_refused_before_running(marker_dir: P
     # The canary was readable: the claimed boundary was contradicted by evidence.
     assert result.grades["filesystem"] == "unavailable"
     assert result.level != "isolated"
-    assert not (marker_dir / "ran").exists()
+    assert not ran(marker_dir)
     assert result.stdout == ""
 
 

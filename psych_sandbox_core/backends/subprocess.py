@@ -141,7 +141,7 @@ class SubprocessBackend(Backend):
         lease: IdentityLease | None = None
         identity: tuple[int, int] | None = self.fixed_identity
         if self.drops_identity and identity is None:
-            lease = self.identities.lease_for_execution()
+            lease = await self.identities.lease_for_execution()
             identity = (lease.uid, lease.gid)
         try:
             workspace = create_workspace(identity)
@@ -209,9 +209,10 @@ class SubprocessBackend(Backend):
                 # In a worker thread: a program can leave hundreds of thousands of files, and
                 # the event loop serves every other execution's clock meanwhile.
                 if lease is not None:
-                    # Whatever still runs as this execution's uid (without a pid namespace a
-                    # process can leave the tree) dies before the uid is reused.
-                    await lease.retire(sweep=not self.namespaces & CLONE_NEWPID)
+                    # Whatever still runs as this execution's uid, and whatever it left on
+                    # the host without a process, goes before the uid is reused. Always: a
+                    # pid namespace is no proof that nothing runs under the uid elsewhere.
+                    await lease.retire()
                 await anyio.to_thread.run_sync(remove_tree, workspace)
 
 

@@ -47,6 +47,7 @@ from psych_sandbox_core.errors import ConfigurationError, ErrorKind, Interpreter
 from psych_sandbox_core.grading import Level, Mechanisms
 from psych_sandbox_core.host import child_environment
 from psych_sandbox_core.identity import (
+    EmptyCgroup,
     IdentityLease,
     LeasedIdentityOptions,
 )
@@ -271,20 +272,23 @@ class BwrapBackend(Backend):
         lease: IdentityLease | None = None
         runner = self.fixed_runner if self.is_root else None
         if self.is_root and runner is None:
-            lease = self.identities.lease_for_execution()
+            lease = await self.identities.lease_for_execution()
             runner = (lease.uid, lease.gid)
+        #: The kernel's proof that the tree is gone, once its cgroup has been removed.
+        empty: list[EmptyCgroup] = []
         try:
-            async with self._launch(request, runner) as launched:
+            async with self._launch(request, runner, empty) as launched:
                 yield launched
         finally:
             if lease is not None:
-                # bwrap's pid namespace held the whole tree and died with it: nothing runs
-                # under this uid any more, so it goes back without a scan of the host.
-                await lease.retire(sweep=False)
+                # Without the proof the sweep also scans the host's processes for the uid;
+                # everything else it sweeps either way.
+                await lease.retire(empty[0] if empty else None)
 
     @asynccontextmanager
     async def _launch(
-        self, request: LaunchRequest, runner: tuple[int, int] | None
+        self, request: LaunchRequest, runner: tuple[int, int] | None,
+        empty: list[EmptyCgroup],
     ) -> AsyncIterator[Launched]:
         assert self.bwrap is not None
         channel = _Channel()
@@ -327,7 +331,9 @@ class BwrapBackend(Backend):
                 os.close(info_read)
                 if cgroup is not None:
                     # After the tree is gone: stragglers are killed first, then it goes.
-                    await cgroup.remove()
+                    proof = await cgroup.remove()
+                    if proof is not None:
+                        empty.append(proof)
 
 
 class _Channel(InheritedSocketChannel):

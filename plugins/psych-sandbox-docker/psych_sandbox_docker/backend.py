@@ -45,6 +45,7 @@ from psych_sandbox_core.errors import ConfigurationError, ErrorKind
 from psych_sandbox_core.grading import Level, Mechanisms
 from psych_sandbox_core.host import child_environment
 from psych_sandbox_core.identity import (
+    EmptyCgroup,
     IdentityLease,
     LeasedIdentityOptions,
 )
@@ -335,20 +336,24 @@ class DockerBackend(Backend):
         lease: IdentityLease | None = None
         identity = self.fixed_identity or (NOBODY, NOBODY)
         if self.leases:
-            lease = self.identities.lease_for_execution()
+            lease = await self.identities.lease_for_execution()
             identity = (lease.uid, lease.gid)
+        #: The kernel's proof that the container's processes are gone, once its cgroup
+        #: parent has been removed (only where usage is measured through one).
+        empty: list[EmptyCgroup] = []
         try:
-            async with self._launch(request, identity) as launched:
+            async with self._launch(request, identity, empty) as launched:
                 yield launched
         finally:
             if lease is not None:
                 # After the container's removal nothing should run as its uid; whatever does
-                # dies before the uid can go to another execution.
-                await lease.retire()
+                # (unless the empty cgroup proves there is none), and whatever it left on the
+                # host, goes before the uid can go to another execution.
+                await lease.retire(empty[0] if empty else None)
 
     @asynccontextmanager
     async def _launch(
-        self, request: LaunchRequest, identity: tuple[int, int]
+        self, request: LaunchRequest, identity: tuple[int, int], empty: list[EmptyCgroup]
     ) -> AsyncIterator[Launched]:
         assert self.client is not None
         client = self.client
@@ -392,7 +397,9 @@ class DockerBackend(Backend):
                 await channel.aclose()
                 _remove_tree(socket_dir)
                 if measured:
-                    eng.remove_cgroup_parent(cgroup_name)
+                    proof = eng.remove_cgroup_parent(cgroup_name)
+                    if proof is not None:
+                        empty.append(proof)
 
     async def engine_command(self, *args: str) -> tuple[int, str, str]:
         """Run one engine CLI command; (status, stdout, stderr). Never raises for failure.

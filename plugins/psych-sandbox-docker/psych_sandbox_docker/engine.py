@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from psych_sandbox_core.identity import EmptyCgroup, remove_execution_cgroup
+
 #: Labels on every container this plugin starts.
 MANAGED_LABEL = "io.psych-sandbox.managed"
 OWNER_LABEL = "io.psych-sandbox.owner"
@@ -136,18 +138,14 @@ def cgroup_controllers() -> list[Path]:
             and p.name != "unified"]
 
 
-def remove_cgroup_parent(name: str) -> None:
-    """rmdir the per-execution parent in every hierarchy (only succeeds once it is empty)."""
-    for controller in cgroup_controllers():
-        path = controller / CGROUP_ROOT / name
-        try:
-            path.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            # Not empty yet (a container still inside) or not ours to remove: the reaper
-            # tries again once its owner is gone.
-            pass
+def remove_cgroup_parent(name: str) -> EmptyCgroup | None:
+    """rmdir the per-execution parent in every hierarchy it was made in (only succeeds once
+    it is empty): the kernel's proof that no process of the container is left, when every
+    one was removed. Not empty yet (a container still inside) or not ours: the reaper tries
+    again once its owner is gone."""
+    made = [path for controller in cgroup_controllers()
+            if (path := controller / CGROUP_ROOT / name).is_dir()]
+    return remove_execution_cgroup(made)
 
 
 def reap_orphans(engine: str = "docker", *, everything: bool = False) -> list[str]:

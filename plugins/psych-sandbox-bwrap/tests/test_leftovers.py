@@ -1,0 +1,109 @@
+"""Nothing of a bwrap execution outlives it under its leased host uid, judged from the host.
+
+The program has its own IPC namespace, /tmp, /dev/shm and user namespace: what it plants
+there dies with them, and the sweep that runs before the uid goes back finds nothing on the
+host. A process under the uid outside the execution's cgroup (started here by the host, as
+one that escaped would run) is killed by that sweep where no cgroup proves the tree gone."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from bwrap_support import PROFILE, config, needs_root, requires_bwrap
+from psych_sandbox_core import Sandbox
+from psych_sandbox_core.identity import EmptyCgroup, IdentityLease
+from psych_sandbox_core.sweep import has_keys
+from psych_sandbox_core.testing.host import marker
+from psych_sandbox_core.testing.leftovers import (
+    finding_program,
+    host_leftovers,
+    host_targets,
+    own_uid,
+    planting_program,
+    process_under,
+)
+
+from psych_sandbox_bwrap import cgroups
+
+pytestmark = [requires_bwrap, needs_root, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def one_uid() -> Iterator[dict[str, Any]]:
+    """Options leasing one uid of this test's own to every execution."""
+    with own_uid(1_990_000_000 + random.randrange(1_000_000)) as options:
+        yield options
+
+
+async def test_state_planted_in_the_sandbox_is_gone_from_the_host(
+    one_uid: dict[str, Any],
+) -> None:
+    uid, mark = one_uid["identity_first_uid"], marker("psych-left")
+    with host_targets(mark) as (target, target_dir):
+        async with Sandbox(config(one_uid)) as sandbox:
+            planted = await sandbox.run(planting_program(mark, target, target_dir), profile=PROFILE)
+            assert planted.error is None, planted.error
+            done = json.loads(planted.return_value)
+            # Planted in the sandbox's own namespaces and temp directories...
+            assert all(
+                done[kind]
+                for kind in ("shm", "msg", "sem", "mqueue", "/tmp", "/dev/shm", "key_user")
+            ), done
+            # ...and none of it is on the host once the execution is over.
+            assert host_leftovers(mark, uid) in ([], ["keys"])
+            with anyio.move_on_after(10):  # keys are collected in the background
+                while has_keys(uid):
+                    await anyio.sleep(0.05)
+            assert not has_keys(uid)
+            found = await sandbox.run(finding_program(mark), profile=PROFILE)
+    assert found.error is None, found.error
+    assert json.loads(found.return_value) == []
+
+
+async def test_without_a_cgroup_the_sweep_kills_a_process_under_the_uid(
+    one_uid: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No cgroup, no proof that nothing runs under the uid: the host's processes are scanned.
+    monkeypatch.setattr(cgroups, "detect", lambda: "no cgroups in this test")
+    with process_under(one_uid["identity_first_uid"]) as straggler:
+        async with Sandbox(config(one_uid)) as sandbox:
+            result = await sandbox.run("1 + 1", profile=PROFILE)
+        assert result.error is None, result.error
+        assert straggler.poll() == -signal.SIGKILL
+
+
+async def test_the_removed_cgroup_is_the_proof_the_lease_is_retired_with(
+    one_uid: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not isinstance(cgroups.detect(), cgroups.CgroupHost):
+        pytest.skip("this host cannot create per-execution cgroups")
+    proofs: list[EmptyCgroup | None] = []
+    retire = IdentityLease.retire
+
+    async def recording(self: IdentityLease, empty: EmptyCgroup | None = None) -> None:
+        proofs.append(empty)
+        await retire(self, empty)
+
+    monkeypatch.setattr(IdentityLease, "retire", recording)
+    async with Sandbox(config(one_uid)) as sandbox:
+        result = await sandbox.run("1 + 1", profile=PROFILE)
+    assert result.error is None, result.error
+    (proof,) = proofs
+    assert isinstance(proof, EmptyCgroup)
+    assert all(cgroups.PREFIX in directory for directory in proof.directories)
+
+
+def test_a_proof_cannot_be_made_by_hand() -> None:
+    with pytest.raises(TypeError):
+        EmptyCgroup(("/sys/fs/cgroup/anything",))

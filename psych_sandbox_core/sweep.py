@@ -1,0 +1,388 @@
+"""Everything a leased uid left on the host, removed before the uid is leased again.
+
+While a uid is leased it is one execution's alone, so whatever on the host belongs to that
+uid belongs to that execution, and whatever of it outlives the execution would meet the next
+holder of the uid (and anyone reading it meanwhile). Processes are the obvious part; the rest
+is state that lives on without a process, kept by the kernel until someone removes it:
+
+* SysV shared memory segments, message queues and semaphore sets in the host's IPC namespace,
+  and POSIX message queues;
+* files and directories in the host's world-writable directories (``/tmp``, ``/var/tmp``,
+  ``/dev/shm``, ``/run/lock`` and the temp directory);
+* the uid's user, user-session and persistent keyrings, which the kernel keeps per uid
+  whether or not a process of it runs.
+
+:func:`sweep` removes all of it, processes first (a live process would only make more).
+A backend whose program had its own IPC namespace, ``/tmp`` and user namespace leaves none
+of this on the host, and the sweep finds nothing, cheaply. Blocking: run it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import select
+import signal
+import stat
+import sys
+import tempfile
+import threading
+import time
+from functools import lru_cache
+
+from .workspace import DIRECTORY_FLAGS, remove_entry
+
+#: How long processes under the uid may take to die after SIGKILL before the sweep gives up
+#: (the uid then stays leased rather than be shared).
+KILL_SECONDS = 5.0
+#: World-writable directories any local program can reach; the host's temp directory is added.
+SHARED_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm", "/run/shm", "/run/lock", "/var/lock")
+#: How deep to look through world-writable directories someone else owns (such as
+#: /tmp/.X11-unix): the uid can create entries there too. A directory the uid owns is
+#: removed whole, however deep.
+SHARED_DEPTH = 4
+
+
+def sweep(uid: int, gid: int, *, processes: bool = True) -> None:
+    """Kill the uid's processes (unless the caller holds kernel proof there are none), then
+    remove its SysV IPC objects, POSIX message queues, files in shared directories and keyring
+    contents. OSError if something could not be removed: the uid must then not be reused."""
+    if processes:
+        kill_processes_of(uid)
+    remove_sysv_ipc(uid, gid)
+    remove_message_queues(uid)
+    remove_shared_files(uid)
+    clear_keyrings(uid)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def kill_processes_of(uid: int, *, seconds: float = KILL_SECONDS) -> None:
+    """SIGKILL every live process any of whose uids is ``uid``, and wait until they are dead.
+
+    Each victim is held by a pidfd, so its death is waited on, never polled for, and a
+    recycled pid is never signalled.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        victims = processes_of(uid)
+        if not victims:
+            return
+        if time.monotonic() > deadline:
+            raise OSError(f"processes of uid {uid} survived SIGKILL for {seconds:g} s: {victims}")
+        handles = []
+        for pid in victims:
+            try:
+                handle = os.pidfd_open(pid)
+            except OSError:
+                continue  # already gone
+            try:
+                signal.pidfd_send_signal(handle, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            handles.append(handle)
+        try:
+            poller = select.poll()
+            for handle in handles:
+                poller.register(handle, select.POLLIN)
+            pending = len(handles)
+            while pending and time.monotonic() < deadline:
+                ready = poller.poll(max(1, int((deadline - time.monotonic()) * 1000)))
+                for handle, _ in ready:
+                    poller.unregister(handle)
+                    pending -= 1
+        finally:
+            for handle in handles:
+                os.close(handle)
+
+
+def processes_of(uid: int) -> list[int]:
+    """Live processes with ``uid`` among their uids: one pass over /proc."""
+    victims = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        # The status file, not the directory's owner: a process that made itself undumpable
+        # hands its /proc directory to root, but not its uids. Read raw: this runs once per
+        # process on the host, at every execution's end.
+        try:
+            fd = os.open(f"/proc/{entry}/status", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            status = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if _runs_as(status, uid):
+            victims.append(int(entry))
+    return victims
+
+
+def _runs_as(status: bytes, uid: int) -> bool:
+    """Whether a /proc status text is a live process with ``uid`` among its uids. A zombie
+    is already dead (it only waits for its parent to reap it) and cannot be killed again."""
+    state = b""
+    for line in status.split(b"\n"):
+        if line.startswith(b"State:"):
+            fields = line.split()
+            state = fields[1] if len(fields) > 1 else b""
+        elif line.startswith(b"Uid:"):
+            return state not in (b"Z", b"X") and str(uid).encode() in line.split()[1:]
+    return False
+
+
+# ---------------------------------------------------------------- SysV IPC
+
+IPC_RMID = 0
+
+
+def remove_sysv_ipc(uid: int, gid: int) -> int:
+    """Remove every SysV object of the host's IPC namespace that the uid owns or created (the
+    creator cannot be changed, the owner can be given away), or its group does. Returns how
+    many were removed. Objects in an IPC namespace of the program's own died with it."""
+    libc = _libc()
+    removed = 0
+    for kind in ("shm", "msg", "sem"):
+        for ident in _sysv_objects(kind, uid, gid):
+            if kind == "shm":
+                status = libc.shmctl(ident, IPC_RMID, None)
+            elif kind == "msg":
+                status = libc.msgctl(ident, IPC_RMID, None)
+            else:
+                status = libc.semctl(ident, 0, IPC_RMID)
+            if status != 0:
+                code = ctypes.get_errno()
+                if code in (errno.EINVAL, errno.EIDRM):
+                    continue  # already gone
+                raise OSError(code, f"could not remove SysV {kind} {ident} of uid {uid}")
+            removed += 1
+    return removed
+
+
+def _sysv_objects(kind: str, uid: int, gid: int) -> list[int]:
+    try:
+        with open(f"/proc/sysvipc/{kind}") as fh:
+            header, *rows = fh.read().splitlines()
+    except (OSError, ValueError):
+        return []
+    columns = {name: index for index, name in enumerate(header.split())}
+    found = []
+    for row in rows:
+        fields = row.split()
+        try:
+            owners = {int(fields[columns["uid"]]), int(fields[columns["cuid"]])}
+            groups = {int(fields[columns["gid"]]), int(fields[columns["cgid"]])}
+            ident = int(fields[1])  # shmid, msqid or semid
+        except (KeyError, IndexError, ValueError):
+            continue
+        if uid in owners or gid in groups:
+            found.append(ident)
+    return found
+
+
+# ---------------------------------------------------------------- POSIX message queues
+
+CLONE_FS = 0x200
+CLONE_NEWNS = 0x20000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+#: Where the queue filesystem is mounted, inside a mount namespace private to one thread.
+_QUEUE_MOUNT_POINT = b"/dev"
+
+
+def remove_message_queues(uid: int) -> int:
+    """Unlink the uid's POSIX message queues in the host's IPC namespace; how many.
+
+    Queues are only listed through an mqueue filesystem, which hosts often do not mount. A
+    short-lived thread mounts one in a mount namespace of its own (made private first, so
+    nothing propagates to the host's), and the mount ends with the thread. 0 where that is
+    not allowed (no CAP_SYS_ADMIN): such a host is documented as not sweeping queues.
+    """
+    libc = _libc()
+    outcome: list[int | BaseException] = []
+
+    def in_private_namespace() -> None:
+        try:
+            if (
+                libc.unshare(CLONE_NEWNS | CLONE_FS) != 0
+                or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0
+                or libc.mount(b"mqueue", _QUEUE_MOUNT_POINT, b"mqueue", 0, None) != 0
+            ):
+                outcome.append(0)
+                return
+            outcome.append(_remove_owned_queues(os.fsdecode(_QUEUE_MOUNT_POINT), uid))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=in_private_namespace, name="psych-sandbox-mqueue-sweep")
+    thread.start()
+    thread.join()
+    result = outcome[0] if outcome else 0
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def _remove_owned_queues(directory: str, uid: int) -> int:
+    removed = 0
+    fd = os.open(directory, DIRECTORY_FLAGS)
+    try:
+        for name in os.listdir(fd):
+            try:
+                if os.stat(name, dir_fd=fd, follow_symlinks=False).st_uid == uid:
+                    os.unlink(name, dir_fd=fd)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+    finally:
+        os.close(fd)
+    return removed
+
+
+# ---------------------------------------------------------------- shared directories
+
+
+def shared_directories() -> list[str]:
+    """The world-writable directories of this host the sweep looks through (real paths)."""
+    found: dict[str, None] = {}
+    for candidate in (*SHARED_DIRECTORIES, tempfile.gettempdir()):
+        real = os.path.realpath(candidate)
+        try:
+            info = os.stat(real)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH:
+            found[real] = None
+    return list(found)
+
+
+def remove_shared_files(uid: int) -> int:
+    """Remove what the uid owns in the world-writable directories (directories whole); how
+    many entries. Never follows a link: every step is relative to a directory descriptor,
+    so a symlink the program planted is removed as a name and its target is left alone."""
+    removed = 0
+    for directory in shared_directories():
+        try:
+            fd = os.open(directory, DIRECTORY_FLAGS)
+        except OSError:
+            continue
+        try:
+            removed += _remove_owned(fd, uid, depth=0)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _remove_owned(dir_fd: int, uid: int, *, depth: int) -> int:
+    removed = 0
+    for name in os.listdir(dir_fd):
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if info.st_uid == uid:
+            remove_entry(dir_fd, name)
+            removed += 1
+        elif stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH and depth < SHARED_DEPTH:
+            # Someone else's world-writable directory: the uid could have written in it.
+            try:
+                child = os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                continue  # swapped for something else, or gone
+            try:
+                removed += _remove_owned(child, uid, depth=depth + 1)
+            finally:
+                os.close(child)
+    return removed
+
+
+# ---------------------------------------------------------------- keyrings
+
+KEY_SPEC_THREAD_KEYRING = -1
+KEY_SPEC_USER_KEYRING = -4
+KEY_SPEC_USER_SESSION_KEYRING = -5
+KEYCTL_GET_KEYRING_ID = 0
+KEYCTL_CLEAR = 7
+KEYCTL_INVALIDATE = 21
+KEYCTL_GET_PERSISTENT = 22
+PR_GET_DUMPABLE = 3
+PR_SET_DUMPABLE = 4
+#: System call numbers (keyctl, setresuid) where the keyring sweep is supported.
+_SYSCALLS = {"x86_64": (250, 117), "aarch64": (219, 147)}
+
+
+def clear_keyrings(uid: int) -> bool:
+    """Empty and invalidate the uid's user, user-session and persistent keyrings, which the
+    kernel keeps for a uid after its processes are gone. True if it ran (the uid had keys).
+
+    Only the uid itself can reach them, so a short-lived thread of this process takes the
+    uid, on that thread alone (the raw system call, not libc's, which would change every
+    thread), does the work and ends. Changing a thread's uid marks the whole process not
+    dumpable; the flag is restored afterwards.
+    """
+    if not has_keys(uid):
+        return False
+    numbers = _SYSCALLS.get(platform.machine())
+    if numbers is None:
+        return False
+    keyctl, setresuid = numbers
+    libc = _libc()
+    failure: list[BaseException] = []
+
+    def as_uid() -> None:
+        try:
+            if libc.syscall(setresuid, uid, uid, uid) != 0:
+                raise OSError(ctypes.get_errno(), f"could not take uid {uid} to clear keyrings")
+            rings = [
+                libc.syscall(keyctl, KEYCTL_GET_KEYRING_ID, ctypes.c_long(spec), 0)
+                for spec in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING)
+            ]
+            if os.path.exists("/proc/sys/kernel/keys/persistent_keyring_expiry"):
+                # Made if missing (and then invalidated with the rest), linked only into this
+                # thread's own keyring, which ends with the thread.
+                rings.append(
+                    libc.syscall(
+                        keyctl,
+                        KEYCTL_GET_PERSISTENT,
+                        ctypes.c_long(-1),
+                        ctypes.c_long(KEY_SPEC_THREAD_KEYRING),
+                    )
+                )
+            for ring in rings:
+                if ring > 0:
+                    libc.syscall(keyctl, KEYCTL_CLEAR, ctypes.c_long(ring))
+                    libc.syscall(keyctl, KEYCTL_INVALIDATE, ctypes.c_long(ring))
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    dumpable = libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+    thread = threading.Thread(target=as_uid, name="psych-sandbox-keyring-sweep")
+    thread.start()
+    thread.join()
+    if dumpable > 0:
+        libc.prctl(PR_SET_DUMPABLE, dumpable, 0, 0, 0)
+    if failure:
+        raise failure[0]
+    return True
+
+
+def has_keys(uid: int) -> bool:
+    """Whether the kernel charges any key to ``uid`` (/proc/key-users lists such uids)."""
+    prefix = f"{uid}:".encode()
+    try:
+        with open("/proc/key-users", "rb") as fh:
+            return any(line.lstrip().startswith(prefix) for line in fh)
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    if not sys.platform.startswith("linux"):
+        raise OSError(errno.ENOSYS, "the uid sweep needs Linux")
+    return ctypes.CDLL(None, use_errno=True)

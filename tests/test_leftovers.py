@@ -1,0 +1,160 @@
+"""Nothing an execution leaves on the host without a process reaches the next execution under
+its uid: SysV IPC objects, POSIX message queues, files in the shared temp directories and the
+uid's keyrings are gone when the execution is over, judged from the host, and a later
+execution leased the same uid finds none of it. A symlink the program planted is removed as
+a name; the host file it points at stays."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import time
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from psych_sandbox_core import Sandbox
+from psych_sandbox_core.sweep import clear_keyrings, has_keys, sweep
+from psych_sandbox_core.testing.leftovers import (
+    PLANT_DIRECTORIES,
+    finding_program,
+    host_leftovers,
+    host_targets,
+    own_uid,
+    planting_program,
+)
+
+from .conftest import PROFILE, config, marker
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(os.geteuid() != 0, reason="identities are leased only on a root host"),
+]
+
+#: How long the kernel may take to collect invalidated keys (its garbage collector runs in
+#: the background, with no event to wait on).
+KEY_COLLECTION_SECONDS = 10.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def one_uid() -> Iterator[int]:
+    """A uid of its own for this test: a one-uid range, so every execution leases it."""
+    uid = 1_950_000_000 + random.randrange(1_000_000)
+    with own_uid(uid):
+        yield uid
+
+
+async def keys_collected(uid: int) -> bool:
+    """Whether the kernel has dropped every key charged to ``uid`` (polled with a deadline)."""
+    with anyio.move_on_after(KEY_COLLECTION_SECONDS):
+        while has_keys(uid):
+            await anyio.sleep(0.05)
+    return not has_keys(uid)
+
+
+async def test_state_without_processes_is_gone_and_the_next_holder_finds_none(
+    one_uid: int,
+) -> None:
+    mark = marker("psych-left")
+    options = {"identity_first_uid": one_uid, "identity_count": 1}
+    with host_targets(mark) as (target, target_dir):
+        async with Sandbox(config(options=options)) as sandbox:
+            planted = await sandbox.run(planting_program(mark, target, target_dir), profile=PROFILE)
+            assert planted.error is None, planted.error
+            done = json.loads(planted.return_value)
+            # Every kind was really planted (else the checks below could not fail).
+            assert all(done.values()), done
+            assert set(done) >= {
+                "shm",
+                "msg",
+                "sem",
+                "mqueue",
+                "key_user",
+                "key_user_session",
+                "key_persistent",
+                *PLANT_DIRECTORIES,
+            }
+            # Judged from the host: nothing of it is left under the uid.
+            left = host_leftovers(mark, one_uid)
+            assert [item for item in left if item != "keys"] == []
+            assert await keys_collected(one_uid)
+            # The symlinks were removed as names: what they pointed at is the host's, intact.
+            with open(target) as fh:
+                assert fh.read() == "host data\n"
+            assert os.listdir(target_dir) == ["inside"]
+            # The next execution under the same uid (the range holds only it) finds nothing.
+            found = await sandbox.run(finding_program(mark), profile=PROFILE)
+        assert found.error is None, found.error
+        assert json.loads(found.return_value) == []
+        assert [item for item in host_leftovers(mark, one_uid) if item != "keys"] == []
+
+
+#: The one uid the keyring-locking test runs under: the kernel keeps a locked keyring for
+#: good, so every run reuses this uid rather than leave one behind per run.
+LOCKED_KEYRING_UID = 1_949_999_999
+
+
+async def test_a_program_that_locks_its_own_keyring_cannot_stop_the_sweep() -> None:
+    # Taking every permission off its user keyring hides it from the uid itself (and from
+    # root): the sweep must still finish, and release the uid, rather than fail on it.
+    uid = LOCKED_KEYRING_UID
+    program = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ring = libc.syscall(250, 0, ctypes.c_long(-4), 1)
+libc.syscall(248, b"user", b"hidden", b"x", 1, ctypes.c_long(ring))
+libc.syscall(250, 5, ctypes.c_long(ring), 0)
+"""
+    with own_uid(uid) as options:
+        async with Sandbox(config(options=options)) as sandbox:
+            first = await sandbox.run(program, profile=PROFILE)
+            second = await sandbox.run("import os; os.getuid()", profile=PROFILE)
+    assert first.error is None and second.error is None
+    assert second.return_value == uid
+
+
+def test_a_sweep_removes_what_a_process_of_the_uid_left(one_uid: int) -> None:
+    # The sweep on its own, against state a host-started process under the uid planted.
+    mark = marker("psych-left")
+    with host_targets(mark) as (target, target_dir):
+        script = planting_program(mark, target, target_dir).replace(
+            "json.dumps(done)", "print(json.dumps(done))"
+        )
+        planted = subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={one_uid}",
+                f"--regid={one_uid}",
+                "--clear-groups",
+                "/usr/bin/python3",
+                "-I",
+                "-c",
+                script,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd="/",
+            timeout=60,
+        )
+        assert all(json.loads(planted.stdout).values()), planted.stdout
+        assert host_leftovers(mark, one_uid) != []
+        started = time.perf_counter()
+        sweep(one_uid, one_uid)
+        print(f"sweep with state to remove: {(time.perf_counter() - started) * 1e3:.1f} ms")
+        assert [item for item in host_leftovers(mark, one_uid) if item != "keys"] == []
+        assert os.path.exists(target) and os.listdir(target_dir) == ["inside"]
+
+
+def test_clearing_keyrings_of_a_uid_without_keys_does_nothing(one_uid: int) -> None:
+    assert not has_keys(one_uid)
+    assert clear_keyrings(one_uid) is False
+    assert not has_keys(one_uid)
