@@ -30,7 +30,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import anyio
-from psych_sandbox_core.identity import EmptyCgroup, remove_execution_cgroup
+
+from .identity import EmptyCgroup, remove_execution_cgroup
 
 #: Per-execution cgroups are named ``<PREFIX><backend>-<host pid>-<random>``, so a later host
 #: can tell a leftover (its host died before teardown) from a live one.
