@@ -112,13 +112,16 @@ class ManagedProcess:
         # The child never writes to these directions; shutting them makes intent explicit.
         out_host.shutdown(socket.SHUT_WR)
         err_host.shutdown(socket.SHUT_WR)
-        stdout = SocketStream.from_socket(out_host)
-        stderr = SocketStream.from_socket(err_host)
-        stdin = None
         if in_host is not None:
             in_host.shutdown(socket.SHUT_RD)
-            stdin = await SocketStream.from_socket(in_host)
-        return cls(popen, await stdout, await stderr, stdin)
+        # Shielded: the child exists now, and a cancellation arriving at one of these
+        # checkpoints would drop the only handle to it (a running, unreaped child and open
+        # sockets nobody owns).
+        with anyio.CancelScope(shield=True):
+            stdout = await SocketStream.from_socket(out_host)
+            stderr = await SocketStream.from_socket(err_host)
+            stdin = await SocketStream.from_socket(in_host) if in_host is not None else None
+        return cls(popen, stdout, stderr, stdin)
 
     async def wait_exited(self) -> None:
         """Return once the direct child has exited, without reaping it (its pid stays ours)."""

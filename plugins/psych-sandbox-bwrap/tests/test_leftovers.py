@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 from bwrap_support import PROFILE, config, needs_root, requires_bwrap
-from psych_sandbox_core import Sandbox
+from psych_sandbox_core import Sandbox, cgroups
 from psych_sandbox_core.identity import EmptyCgroup, IdentityLease
 from psych_sandbox_core.sweep import has_keys
 from psych_sandbox_core.testing.host import marker
@@ -28,8 +28,6 @@ from psych_sandbox_core.testing.leftovers import (
     planting_program,
     process_under,
 )
-
-from psych_sandbox_bwrap import cgroups
 
 pytestmark = [requires_bwrap, needs_root, pytest.mark.anyio]
 
