@@ -308,6 +308,65 @@ def cgroup_pids(directory: str) -> set[int]:
     return pids
 
 
+def cgroups_left(
+    before: frozenset[str],
+    *,
+    spared: set[int] | frozenset[int] = frozenset(),
+    settle_seconds: float = CGROUP_SETTLE_SECONDS,
+) -> list[str]:
+    """Cgroup directories, in any hierarchy, that are not in ``before`` and are still there
+    once those that others on the host make and remove at the same moment have had
+    ``settle_seconds`` to go (polled: cgroupfs has no event for a directory's removal).
+
+    Not counted: one that holds a process other than those ``spared`` (someone else's running
+    cgroup), and one named for another host process (see :func:`names_another_host`), with
+    the parents only such a one keeps."""
+    deadline = time.monotonic() + settle_seconds
+    me = os.getpid()
+    while True:
+        new = cgroup_directories() - before
+        foreign = [path for path in new if names_another_host(path, me)]
+        left = sorted(
+            path for path in new
+            if not names_another_host(path, me)
+            and not any(other.startswith(path + "/") for other in foreign)
+            and not (cgroup_pids(path) - spared)
+        )
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def names_another_host(path: str, me: int) -> bool:
+    """Whether a component of ``path`` is named for a process other than ``me``: it has
+    dash-separated decimal tokens and ``me`` is not one of them. This project's backends name
+    every per-execution cgroup with the pid of the host process that made it (docker:
+    ``<pid>-<start>-<id>``, bwrap: ``psych-sandbox-bwrap-<pid>-<id>``), so on a host shared
+    with another test run, what that run leaves is not blamed on this one."""
+    for component in Path(path).parts:
+        numbers = {token for token in component.split("-") if token.isdigit()}
+        if numbers and str(me) not in numbers:
+            return True
+    return False
+
+
+def remove_cgroups(paths: list[str]) -> None:
+    """Remove those of ``paths`` that are empty cgroups (deepest first)."""
+    for path in sorted(paths, key=len, reverse=True):
+        cgroupfs.remove_tree(Path(path))
+
+
+@contextmanager
+def no_cgroup_left() -> Iterator[None]:
+    """Fail if the block leaves a new cgroup directory in any hierarchy (v1 controllers and
+    v2); what it left is removed where empty, so one leak fails one test only."""
+    before = cgroup_directories()
+    yield
+    left = cgroups_left(before)
+    remove_cgroups(left)
+    assert left == [], f"cgroups left behind: {left}"
+
+
 @dataclass
 class HostBaseline:
     """The host before a test, to find what the test's executions left behind.
@@ -376,23 +435,6 @@ class HostBaseline:
                 left.update((p.pid, p) for p in processes)
         return sorted(left.values(), key=lambda p: p.pid), leases
 
-    def cgroups_left(
-        self, survivors: list[HostProcess], settle_seconds: float = CGROUP_SETTLE_SECONDS
-    ) -> list[str]:
-        """New cgroup directories still present once those made and removed by others at the
-        same time have had ``settle_seconds`` to go (polled: cgroupfs has no event for a
-        directory's removal)."""
-        ours = {p.pid for p in survivors}
-        deadline = time.monotonic() + settle_seconds
-        while True:
-            left = sorted(
-                path for path in cgroup_directories() - self.cgroups
-                if not (cgroup_pids(path) - ours)
-            )
-            if not left or time.monotonic() >= deadline:
-                return left
-            time.sleep(0.05)
-
     def check(self) -> str | None:
         """Kill (by pidfd) what the execution left and remove its empty cgroups; what was
         found, for a failure message, or None if nothing was."""
@@ -404,9 +446,8 @@ class HostBaseline:
         finally:
             for lease in leases:
                 lease.release()
-        cgroups = self.cgroups_left(survivors)
-        for path in sorted(cgroups, key=len, reverse=True):
-            cgroupfs.remove_tree(Path(path))
+        cgroups = cgroups_left(self.cgroups, spared={p.pid for p in survivors})
+        remove_cgroups(cgroups)
         problems = []
         if survivors:
             problems.append(
