@@ -30,12 +30,16 @@ ENDINGS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None]] = {
     # name: (program after seen(), options, limits, error kind)
     "success": ("'done'", {}, {}, None),
     "timeout": (
-        "import time\nwhile True:\n    time.sleep(1)", {},
-        {"wall_seconds": 1.0, "grace_seconds": 0.2}, "timeout",
+        "import time\nwhile True:\n    time.sleep(1)",
+        {},
+        {"wall_seconds": 1.0, "grace_seconds": 0.2},
+        "timeout",
     ),
     "oom-kill": (
-        OOM, {"workspace_bytes": 128 * 2**20, "tmp_bytes": 128 * 2**20},
-        {"memory_bytes": 256 * 2**20, "file_size_bytes": 128 * 2**20}, "memory_limit",
+        OOM,
+        {"workspace_bytes": 128 * 2**20, "tmp_bytes": 128 * 2**20},
+        {"memory_bytes": 256 * 2**20, "file_size_bytes": 128 * 2**20},
+        "memory_limit",
     ),
     "cancelled": ("import time\nwhile True:\n    time.sleep(1)", {}, {}, None),
 }
@@ -46,7 +50,9 @@ ENDINGS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None]] = {
 async def test_no_cgroup_left_in_any_hierarchy(runtime: str, ending: str) -> None:
     program, options, limits, kind = ENDINGS[ending]
     result, during, left = await cgroups_of_one_execution(
-        config(runtime, options, **limits), "box", "await seen()\n" + program,
+        config(runtime, options, **limits),
+        "box",
+        "await seen()\n" + program,
         cancel=ending == "cancelled",
     )
     if ending == "cancelled":
