@@ -5,6 +5,7 @@ cancelled."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from docker_support import RUNTIMES, config
 from psych_sandbox_core.cgroupfs import hierarchies
 from psych_sandbox_core.testing.programs import cgroups_of_one_execution
 
+from psych_sandbox_docker import engine as eng
 from psych_sandbox_docker.engine import CGROUP_ROOT, current_owner
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("engine")]
@@ -71,3 +73,25 @@ async def test_no_cgroup_left_in_any_hierarchy(runtime: str, ending: str) -> Non
         expected = {str(h.point) for h in hierarchies()}
         assert made == expected, (sorted(during), sorted(expected))
     assert left == []
+
+
+def test_reaper_removes_dead_hosts_cgroup_parents_in_every_hierarchy() -> None:
+    """A host that died before teardown left its parents in every hierarchy, the unified one
+    included: the reaper removes them there too, and leaves a live host's alone."""
+    me = eng.current_owner()
+    # Our pid with another start time: the process that made it is gone.
+    dead = f"{me.pid}-0-{uuid.uuid4().hex[:12]}"
+    alive = f"{me.token}-{uuid.uuid4().hex[:12]}"
+    points = [h.point for h in hierarchies()]
+    try:
+        for name in (dead, alive):
+            eng.create_cgroup_parent(name)
+        # The runtime's own cgroup below the parent, as a container that ended would leave.
+        for point in points:
+            (point / CGROUP_ROOT / dead / "container").mkdir()
+        eng.reap_orphans("docker")
+        assert [p for p in points if (p / CGROUP_ROOT / dead).exists()] == []
+        assert [p for p in points if not (p / CGROUP_ROOT / alive).is_dir()] == []
+    finally:
+        for name in (dead, alive):
+            eng.remove_cgroup_parent(name)
