@@ -31,6 +31,8 @@ from pathlib import Path
 
 import anyio
 
+from psych_sandbox_core.cgroupfs import Hierarchy, hierarchies
+
 from .identity import EmptyCgroup, remove_execution_cgroup
 
 #: Per-execution cgroups are named ``<PREFIX><backend>-<host pid>-<random>``, so a later host
@@ -230,41 +232,6 @@ def _rmdir(path: Path) -> bool:
 # ---------------------------------------------------------------------------- detection
 
 
-@dataclass(frozen=True)
-class _Mount:
-    #: The hierarchy's path that is mounted here (not "/" inside a container's namespace).
-    root: str
-    point: Path
-    fstype: str
-    options: frozenset[str]
-
-
-def _mounts() -> list[_Mount]:
-    mounts = []
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            head, _, tail = line.partition(" - ")
-            fields, rest = head.split(), tail.split()
-            if len(fields) < 5 or len(rest) < 3 or rest[0] not in ("cgroup", "cgroup2"):
-                continue
-            mounts.append(
-                _Mount(
-                    root=_unescape(fields[3]),
-                    point=Path(_unescape(fields[4])),
-                    fstype=rest[0],
-                    options=frozenset(rest[2].split(",")),
-                )
-            )
-    return mounts
-
-
-def _unescape(text: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal.
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        text = text.replace(code, char)
-    return text
-
-
 def _own_cgroups() -> dict[str, str]:
     """Controller (or "" for v2) to this process's cgroup path in that hierarchy."""
     own: dict[str, str] = {}
@@ -279,7 +246,7 @@ def _own_cgroups() -> dict[str, str]:
     return own
 
 
-def _inside(mount: _Mount, cgroup_path: str) -> Path | None:
+def _inside(mount: Hierarchy, cgroup_path: str) -> Path | None:
     """Where ``cgroup_path`` of the mount's hierarchy appears on the filesystem."""
     root = mount.root.rstrip("/")
     if cgroup_path != root and not cgroup_path.startswith(root + "/"):
@@ -288,7 +255,7 @@ def _inside(mount: _Mount, cgroup_path: str) -> Path | None:
     return directory if directory.is_dir() else None
 
 
-def _detect_v1(mounts: list[_Mount], own: dict[str, str]) -> CgroupHost | str:
+def _detect_v1(mounts: list[Hierarchy], own: dict[str, str]) -> CgroupHost | str:
     parents: dict[str, Path] = {}
     for controller in V1_CONTROLLERS:
         mount = next((m for m in mounts if m.fstype == "cgroup" and controller in m.options), None)
@@ -302,7 +269,7 @@ def _detect_v1(mounts: list[_Mount], own: dict[str, str]) -> CgroupHost | str:
     return CgroupHost(1, parents, memsw=memsw)
 
 
-def _detect_v2(mounts: list[_Mount], own: dict[str, str]) -> CgroupHost | str:
+def _detect_v2(mounts: list[Hierarchy], own: dict[str, str]) -> CgroupHost | str:
     mount = next((m for m in mounts if m.fstype == "cgroup2"), None)
     if mount is None or "" not in own:
         return "no cgroup v2 hierarchy is mounted"
@@ -337,7 +304,7 @@ def detect() -> CgroupHost | str:
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return "the host is not root, so it cannot create cgroups"
     try:
-        mounts, own = _mounts(), _own_cgroups()
+        mounts, own = hierarchies(), _own_cgroups()
     except OSError as exc:
         return f"cannot read this process's cgroups: {exc}"
     # A hybrid host (v1 controllers beside an empty v2 hierarchy) is used as v1.

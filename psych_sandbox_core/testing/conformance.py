@@ -43,11 +43,21 @@ except ImportError as exc:  # pragma: no cover - only without the test extra
 
 from ..bindings import BindingProvider, FunctionBindings
 from ..errors import ErrorKind
+from ..identity import LeasedIdentityOptions
 from ..profiles import DeploymentConfig, ProfileConfig
+from ..registry import BackendRegistry
 from ..result import ExecutionResult
 from ..sandbox import Sandbox
 from ..terms import ExecutionLimits
-from .host import environ_of, marker, opens_of, pids_with, private_tempdir, wait_for_pids
+from .host import (
+    HostBaseline,
+    environ_of,
+    marker,
+    opens_of,
+    pids_with,
+    private_tempdir,
+    wait_for_pids,
+)
 
 #: A daemon that escapes the program's session and ignores SIGTERM: started, and known to be
 #: running (it writes to a pipe), before the program goes on.
@@ -155,7 +165,14 @@ def config_toml(config: DeploymentConfig) -> str:
 
 class BackendConformance:
     """Tests every backend must pass. Subclasses set the class attributes below; the hooks
-    (:meth:`leftovers`) may be overridden."""
+    (:meth:`leftovers`, :meth:`registry`, :meth:`identity_uids`) may be overridden.
+
+    After every test, whatever the backend did, the suite looks from the host for what the
+    test's executions left (see :class:`~psych_sandbox_core.testing.host.HostBaseline`):
+    processes that are new and descend from the test process (a detached daemon included)
+    or run under a uid of the backend's identity range that no lease holds, and cgroup
+    directories new in any hierarchy. It kills those processes by pidfd, removes the empty
+    cgroups, and fails the test naming each one."""
 
     #: The backend id the profile names.
     backend: ClassVar[str]
@@ -210,11 +227,26 @@ class BackendConformance:
         that process's tree and temporary directory (its containers, say)."""
         return []
 
+    def registry(self) -> BackendRegistry | None:
+        """Where the sandbox finds the backend: None for the installed plugins."""
+        return None
+
+    def identity_uids(self) -> range | None:
+        """The uids the backend runs executions as, where it leases them: a process left
+        under one nobody holds is the execution's. By default, its options' identity
+        range."""
+        registry = self.registry() or BackendRegistry()
+        options = registry.get(self.backend).cls.Options.model_validate(dict(self.options))
+        if isinstance(options, LeasedIdentityOptions):
+            identities = options.identity_range()
+            return range(identities.first, identities.first + identities.count)
+        return None
+
     async def run(
         self, source: str, *, bindings: BindingProvider | None = None, **limits: Any
     ) -> ExecutionResult:
         """One program in a sandbox of its own, closed (and so torn down) on return."""
-        async with Sandbox(self.config(**limits)) as sandbox:
+        async with Sandbox(self.config(**limits), registry=self.registry()) as sandbox:
             return await sandbox.run(source, profile=self.profile, bindings=bindings)
 
     # ------------------------------------------------------------ fixtures
@@ -228,6 +260,16 @@ class BackendConformance:
         """The host's temporary directory, fresh and private to the test."""
         with private_tempdir("psych-conformance-") as root:
             yield Path(root)
+
+    @pytest.fixture(autouse=True)
+    def _execution_leaves_nothing(self) -> Iterator[None]:
+        """Whatever the test and the backend did, nothing of its executions survives it: what
+        did is killed or removed, and the test fails naming it."""
+        with HostBaseline.watching(self.identity_uids()) as baseline:
+            yield
+            problem = baseline.check()
+        if problem is not None:
+            pytest.fail(f"the backend {self.backend!r} left this behind: {problem}")
 
     def _nothing_left(self, mark: str) -> None:
         if self.processes_visible:
@@ -387,7 +429,10 @@ class BackendConformance:
             started.set()
 
         with anyio.fail_after(60):
-            async with Sandbox(self.config()) as sandbox, anyio.create_task_group() as tg:
+            async with (
+                Sandbox(self.config(), registry=self.registry()) as sandbox,
+                anyio.create_task_group() as tg,
+            ):
 
                 async def execution() -> None:
                     await sandbox.run(
@@ -508,7 +553,7 @@ class BackendConformance:
 
     @pytest.mark.anyio
     async def test_hostile_frames_are_protocol_errors_and_the_host_stays_healthy(self) -> None:
-        async with Sandbox(self.config()) as sandbox:
+        async with Sandbox(self.config(), registry=self.registry()) as sandbox:
             for name, payload in HOSTILE_FRAMES.items():
                 result = await sandbox.run(FORGE.format(payload=payload), profile=self.profile)
                 error = result.error

@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
+import signal
 import struct
+import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import anyio
+
+from .. import cgroupfs
+from ..errors import ConfigurationError
+from ..identity import IdentityExhausted, IdentityLease, IdentityRange
 
 T = TypeVar("T")
 
@@ -151,3 +160,315 @@ def private_tempdir(prefix: str = "psych-test-tmp-") -> Iterator[str]:
     finally:
         tempfile.tempdir = previous
         remove_tree(root)
+
+
+# ---------------------------------------------------------------- what a test's executions left
+
+#: How long a new cgroup directory may take to disappear before it counts as left behind:
+#: only for cgroups other things on the host are making and removing at the same moment
+#: (what an execution made must be gone once its teardown returned).
+CGROUP_SETTLE_SECONDS = 5.0
+#: How long killed survivors may take to die before they are reported as unkillable.
+KILL_SECONDS = 10.0
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+@dataclass(frozen=True)
+class HostProcess:
+    """One process as the host's /proc shows it."""
+
+    pid: int
+    #: Start time in clock ticks since boot: with the pid, names one process even after the
+    #: pid is reused.
+    started: int
+    ppid: int
+    state: str
+    #: Real, effective, saved and filesystem uids.
+    uids: tuple[int, ...]
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("Z", "X")
+
+    def cmdline(self) -> str:
+        try:
+            with open(f"/proc/{self.pid}/cmdline", "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            return "?"
+        return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+
+    def describe(self) -> str:
+        return f"pid {self.pid}, uid {self.uids[0] if self.uids else '?'}: {self.cmdline()!r}"
+
+
+def host_processes() -> dict[int, HostProcess]:
+    """Every process in the host's /proc, by pid."""
+    found: dict[int, HostProcess] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry}/status") as fh:
+                uid_line = next((line for line in fh if line.startswith("Uid:")), "Uid:")
+        except (OSError, IndexError):
+            continue
+        try:
+            found[int(entry)] = HostProcess(
+                pid=int(entry), started=int(fields[19]), ppid=int(fields[1]),
+                state=fields[0].decode(), uids=tuple(int(v) for v in uid_line.split()[1:]),
+            )
+        except (IndexError, ValueError):
+            continue
+    return found
+
+
+@contextmanager
+def child_subreaper() -> Iterator[None]:
+    """Make this process the reaper of its orphaned descendants for the duration: a daemon
+    that double-forks and calls setsid() stays below it (its parent pid says so), instead of
+    becoming init's. Where the kernel has no such setting, nothing changes."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    previous = ctypes.c_int(0)
+    if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous), 0, 0, 0) != 0:
+        yield
+        return
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        yield
+    finally:
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, previous.value, 0, 0, 0)
+
+
+def kill_by_pidfd(victims: list[HostProcess], seconds: float = KILL_SECONDS) -> list[HostProcess]:
+    """SIGKILL each victim through a pidfd, wait for its death, and reap it where it is this
+    process's child; returns those still alive after ``seconds``. A pid reused since the
+    victim was seen is left alone: the pidfd is checked against the start time."""
+    handles: dict[int, HostProcess] = {}
+    try:
+        for victim in victims:
+            try:
+                handle = os.pidfd_open(victim.pid)
+            except OSError:
+                continue  # already gone
+            current = host_processes().get(victim.pid)
+            if current is None or current.started != victim.started:
+                os.close(handle)
+                continue
+            try:
+                signal.pidfd_send_signal(handle, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            handles[handle] = victim
+        poller = select.poll()
+        for handle in handles:
+            poller.register(handle, select.POLLIN)
+        pending = set(handles)
+        deadline = time.monotonic() + seconds
+        while pending and time.monotonic() < deadline:
+            for handle, _ in poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+                poller.unregister(handle)
+                pending.discard(handle)
+        reap_children({handles[h].pid for h in handles if h not in pending})
+        return [handles[h] for h in pending]
+    finally:
+        for handle in handles:
+            os.close(handle)
+
+
+def reap_children(pids: set[int]) -> None:
+    """Reap those of ``pids`` that are this process's exited children (no one else will)."""
+    for pid in pids:
+        with suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def cgroup_directories() -> frozenset[str]:
+    """Every cgroup directory in every mounted hierarchy (v1 controllers and v2 alike)."""
+    found: set[str] = set()
+    for hierarchy in cgroupfs.hierarchies():
+        for top, dirs, _ in os.walk(hierarchy.point, followlinks=False):
+            found.update(os.path.join(top, name) for name in dirs)
+    return frozenset(found)
+
+
+def cgroup_pids(directory: str) -> set[int]:
+    """Processes in the cgroup ``directory`` or any cgroup below it."""
+    pids: set[int] = set()
+    for top, _, _ in os.walk(directory, followlinks=False):
+        try:
+            with open(os.path.join(top, "cgroup.procs")) as fh:
+                pids.update(int(line) for line in fh.read().split() if line.isdigit())
+        except OSError:
+            continue
+    return pids
+
+
+def cgroups_left(
+    before: frozenset[str],
+    *,
+    spared: set[int] | frozenset[int] = frozenset(),
+    settle_seconds: float = CGROUP_SETTLE_SECONDS,
+) -> list[str]:
+    """Cgroup directories, in any hierarchy, that are not in ``before`` and are still there
+    once those that others on the host make and remove at the same moment have had
+    ``settle_seconds`` to go (polled: cgroupfs has no event for a directory's removal).
+
+    Not counted: one that holds a process other than those ``spared`` (someone else's running
+    cgroup), and one named for another host process (see :func:`names_another_host`), with
+    the parents only such a one keeps."""
+    deadline = time.monotonic() + settle_seconds
+    me = os.getpid()
+    while True:
+        new = cgroup_directories() - before
+        foreign = [path for path in new if names_another_host(path, me)]
+        left = sorted(
+            path for path in new
+            if not names_another_host(path, me)
+            and not any(other.startswith(path + "/") for other in foreign)
+            and not (cgroup_pids(path) - spared)
+        )
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def names_another_host(path: str, me: int) -> bool:
+    """Whether a component of ``path`` is named for a process other than ``me``: it has
+    dash-separated decimal tokens and ``me`` is not one of them. This project's backends name
+    every per-execution cgroup with the pid of the host process that made it (docker:
+    ``<pid>-<start>-<id>``, bwrap: ``psych-sandbox-bwrap-<pid>-<id>``), so on a host shared
+    with another test run, what that run leaves is not blamed on this one."""
+    for component in Path(path).parts:
+        numbers = {token for token in component.split("-") if token.isdigit()}
+        if numbers and str(me) not in numbers:
+            return True
+    return False
+
+
+def remove_cgroups(paths: list[str]) -> None:
+    """Remove those of ``paths`` that are empty cgroups (deepest first)."""
+    for path in sorted(paths, key=len, reverse=True):
+        cgroupfs.remove_tree(Path(path))
+
+
+@contextmanager
+def no_cgroup_left() -> Iterator[None]:
+    """Fail if the block leaves a new cgroup directory in any hierarchy (v1 controllers and
+    v2); what it left is removed where empty, so one leak fails one test only."""
+    before = cgroup_directories()
+    yield
+    left = cgroups_left(before)
+    remove_cgroups(left)
+    assert left == [], f"cgroups left behind: {left}"
+
+
+@dataclass
+class HostBaseline:
+    """The host before a test, to find what the test's executions left behind.
+
+    What counts as the execution's: a process that did not exist before (its pid and start
+    time are new) and either descends from this process (made a child subreaper by
+    :meth:`watching`, so a detached daemon still does) or runs under a uid of the backend's
+    identity range that no live lease holds; and a cgroup directory, in any hierarchy, that
+    did not exist before and is still there. A new cgroup that holds processes none of which
+    is the execution's belongs to something else running on the host and is not counted.
+    """
+
+    processes: dict[int, HostProcess]
+    cgroups: frozenset[str]
+    #: The backend's identity range (its leased uids), where it has one.
+    uids: range | None = None
+
+    @classmethod
+    def take(cls, uids: range | None = None) -> HostBaseline:
+        return cls(host_processes(), cgroup_directories(), uids)
+
+    @classmethod
+    @contextmanager
+    def watching(cls, uids: range | None = None) -> Iterator[HostBaseline]:
+        """The baseline, with this process the reaper of its orphans until the block ends."""
+        with child_subreaper():
+            baseline = cls.take(uids)
+            yield baseline
+            # Orphans that died in the meantime were reparented here: reap them, so no
+            # zombie of the test outlives it.
+            me = os.getpid()
+            reap_children({
+                p.pid for p in host_processes().values()
+                if p.ppid == me and not p.alive and p.pid not in baseline.processes
+            })
+
+    def _new(self, process: HostProcess) -> bool:
+        before = self.processes.get(process.pid)
+        return before is None or before.started != process.started
+
+    def survivors(self) -> tuple[list[HostProcess], list[IdentityLease]]:
+        """Live processes the execution left, and leases held on the uids some of them run
+        under (release them once those processes are dead)."""
+        now = host_processes()
+        me = os.getpid()
+        left: dict[int, HostProcess] = {}
+        for process in now.values():
+            if process.alive and self._new(process) and _descends_from(process, me, now):
+                left[process.pid] = process
+        leases: list[IdentityLease] = []
+        if self.uids is not None:
+            by_uid: dict[int, list[HostProcess]] = {}
+            for process in now.values():
+                uid = next((u for u in process.uids if u in self.uids), None)
+                if uid is not None and process.alive and self._new(process):
+                    by_uid.setdefault(uid, []).append(process)
+            for uid, processes in by_uid.items():
+                # A uid another execution holds is that execution's business; one nobody
+                # holds has nothing to run. Leasing it also keeps it from being handed out
+                # while its leftovers are killed.
+                try:
+                    lease = IdentityRange(uid, 1).lease()
+                except (IdentityExhausted, ConfigurationError, OSError):
+                    continue
+                leases.append(lease)
+                left.update((p.pid, p) for p in processes)
+        return sorted(left.values(), key=lambda p: p.pid), leases
+
+    def check(self) -> str | None:
+        """Kill (by pidfd) what the execution left and remove its empty cgroups; what was
+        found, for a failure message, or None if nothing was."""
+        survivors, leases = self.survivors()
+        # Named while they still run: a dead process has no command line.
+        named = [p.describe() for p in survivors]
+        try:
+            unkillable = kill_by_pidfd(survivors)
+        finally:
+            for lease in leases:
+                lease.release()
+        cgroups = cgroups_left(self.cgroups, spared={p.pid for p in survivors})
+        remove_cgroups(cgroups)
+        problems = []
+        if survivors:
+            problems.append(
+                f"{len(survivors)} process(es) outlived the execution (killed now"
+                + (f"; {len(unkillable)} would not die" if unkillable else "")
+                + "): " + "; ".join(named)
+            )
+        if cgroups:
+            problems.append(
+                f"{len(cgroups)} cgroup(s) were left behind (removed now where empty): "
+                + ", ".join(cgroups)
+            )
+        return "; ".join(problems) or None
+
+
+def _descends_from(process: HostProcess, ancestor: int, table: dict[int, HostProcess]) -> bool:
+    seen: set[int] = set()
+    current: HostProcess | None = process
+    while current is not None and current.pid not in seen:
+        if current.ppid == ancestor:
+            return True
+        seen.add(current.pid)
+        current = table.get(current.ppid)
+    return False

@@ -10,8 +10,13 @@ from __future__ import annotations
 import hashlib
 import textwrap
 
+import anyio
+
+from ..bindings import FunctionBindings
+from ..profiles import DeploymentConfig
 from ..result import ExecutionResult
 from ..sandbox import Sandbox
+from .host import cgroup_directories, cgroups_left
 
 
 def secret_holder(mark: str, secret: str) -> str:
@@ -106,3 +111,35 @@ async def check_planted_artifacts(
         )
         assert kept == data, path
     assert {entry.path: entry.reason for entry in result.skipped_artifacts} == skipped
+
+
+async def cgroups_of_one_execution(
+    config: DeploymentConfig, profile: str, source: str, *, cancel: bool = False
+) -> tuple[ExecutionResult | None, list[str], list[str]]:
+    """Run ``source``, which calls ``await seen()`` once it runs, in a sandbox of its own, and
+    look at every cgroup hierarchy (v1 controllers and v2) from the host: the result (None
+    when ``cancel`` cancelled the run at ``seen()``), the cgroup directories that were new
+    while the program ran, and those still new after the sandbox closed."""
+    before = cgroup_directories()
+    during: list[str] = []
+    reached = anyio.Event()
+
+    def seen() -> None:
+        during.extend(sorted(cgroup_directories() - before))
+        reached.set()
+
+    result: ExecutionResult | None = None
+    with anyio.fail_after(120):
+        async with Sandbox(config) as sandbox, anyio.create_task_group() as tg:
+
+            async def execution() -> None:
+                nonlocal result
+                result = await sandbox.run(
+                    source, profile=profile, bindings=FunctionBindings({"seen": seen})
+                )
+
+            tg.start_soon(execution)
+            if cancel:
+                await reached.wait()
+                tg.cancel_scope.cancel()
+    return result, during, cgroups_left(before)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bwrap_support import skip_unless_required
+from psych_sandbox_core.testing.host import no_cgroup_left
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,6 +29,13 @@ def _requirements(request: pytest.FixtureRequest) -> None:
     mark = request.node.get_closest_marker("psych_missing")
     if mark is not None:
         skip_unless_required(*mark.args)
+
+
+@pytest.fixture(autouse=True)
+def _no_cgroup_left() -> Iterator[None]:
+    """No test leaves a new cgroup in any hierarchy (v1 controllers and v2)."""
+    with no_cgroup_left():
+        yield
 
 
 @pytest.fixture

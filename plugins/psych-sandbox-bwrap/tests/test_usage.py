@@ -8,10 +8,12 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from bwrap_support import BWRAP_ROOT, needs, run
+from bwrap_support import BWRAP_ROOT, PROFILE, config, needs, run
 from psych_sandbox_core import cgroups
+from psych_sandbox_core.testing.programs import cgroups_of_one_execution
 
 from psych_sandbox_bwrap.backend import DEFAULT_PIDS, PIDS_CGROUP_HEADROOM
 
@@ -133,3 +135,60 @@ async def test_no_cgroup_left_after_a_failed_start(tmp_path: Path) -> None:
     assert result.error is not None
     assert result.error.kind.value == "backend_not_ready"
     # The autouse fixture checks the filesystem afterwards.
+
+
+#: Three children hold 30 MiB each, then the parent takes 90 MiB: each process stays under
+#: its address-space limit, the tree passes its memory cgroup's cap.
+CGROUP_OOM = (
+    "import os\n"
+    "ready_r, ready_w = os.pipe()\nhold_r, hold_w = os.pipe()\n"
+    "for _ in range(3):\n"
+    "    if os.fork() == 0:\n"
+    "        held = b'c' * (30 * 1024 * 1024)\n"
+    "        os.write(ready_w, b'1')\n"
+    "        os.read(hold_r, 1)\n"
+    "        os._exit(0)\n"
+    "got = b''\n"
+    "while len(got) < 3:\n    got += os.read(ready_r, 3)\n"
+    "big = b'p' * (90 * 1024 * 1024)\n"
+    "len(big)"
+)
+
+ENDINGS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None]] = {
+    # name: (program after seen(), options, limits, error kind)
+    "success": ("'done'", {}, {}, None),
+    "timeout": (
+        "import time\nwhile True:\n    time.sleep(1)", {},
+        {"wall_seconds": 1.0, "grace_seconds": 0.2}, "timeout",
+    ),
+    "oom-kill": (
+        CGROUP_OOM, {"workspace_bytes": MiB, "tmp_bytes": MiB, "shm_bytes": MiB},
+        {"memory_bytes": 128 * MiB}, "memory_limit",
+    ),
+    "cancelled": ("import time\nwhile True:\n    time.sleep(1)", {}, {}, None),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+async def test_no_cgroup_left_in_any_hierarchy(ending: str) -> None:
+    """Every mounted hierarchy (v1 controllers and, on a hybrid host, the unified one) is
+    listed from the host before and after an execution ending each way."""
+    program, options, limits, kind = ENDINGS[ending]
+    result, during, left = await cgroups_of_one_execution(
+        config(options, **limits), PROFILE, "await seen()\n" + program,
+        cancel=ending == "cancelled",
+    )
+    if ending == "cancelled":
+        assert result is None
+    else:
+        assert result is not None
+        if kind is None:
+            assert result.error is None, result.error
+        else:
+            assert result.error is not None and result.error.kind.value == kind, result.error
+    # The control: while the program ran, the host saw its cgroup in each hierarchy used.
+    assert isinstance(HOST, cgroups.CgroupHost)
+    mine = f"{cgroups.PREFIX}{os.getpid()}-"
+    made = {Path(path).parent for path in during if Path(path).name.startswith(mine)}
+    assert made == set(HOST.parents.values()), during
+    assert left == []

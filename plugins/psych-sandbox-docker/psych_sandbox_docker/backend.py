@@ -12,7 +12,8 @@ whatever happened; its labels let a restarted host reap containers a crashed one
 
 Usage is read from a per-execution cgroup parent (cgroup v1, cgroupfs driver, host root):
 it outlives the container, so CPU time and peak memory are read after the container ended.
-Elsewhere usage is reported as not measured.
+The parent is made in every mounted hierarchy before the container starts and removed from
+all of them after it is gone. Elsewhere usage is reported as not measured.
 """
 
 from __future__ import annotations
@@ -362,6 +363,7 @@ class DockerBackend(Backend):
         name = f"psych-sandbox-{execution[:20]}"
         cgroup_name = f"{owner.token}-{execution[:12]}"
         measured = self.is_root and self.engine == "docker" and bool(eng.cgroup_controllers())
+        cgroup_made = measured
         socket_dir = Path(tempfile.mkdtemp(prefix=f"{eng.SOCKET_DIR_PREFIX}{owner.token}-"))
         channel = _ContainerChannel(socket_dir, child_path=f"{CHILD_RUN_DIR}/control.sock")
         container: _Container | None = None
@@ -370,6 +372,12 @@ class DockerBackend(Backend):
             # program that could write there would be writing to the host's disk. Only the
             # socket is the container's (and root's) to connect to.
             os.chmod(socket_dir, 0o711)
+            if measured:
+                try:
+                    eng.create_cgroup_parent(cgroup_name)
+                except OSError:
+                    # Without its parent the container's usage cannot be read: run unmeasured.
+                    measured = False
             await channel.open(0o600 if self.is_root else 0o666)
             if self.is_root:
                 os.chown(channel.path, *identity)
@@ -396,9 +404,13 @@ class DockerBackend(Backend):
                     await container.close_streams()
                 await channel.aclose()
                 _remove_tree(socket_dir)
-                if measured:
+                if cgroup_made:
+                    # After the container is gone: the runtime removes only the container's
+                    # own cgroups, not the parent made above (in the unified hierarchy of a
+                    # hybrid host it did not even use it). Its removal proves the container's
+                    # tree gone where the container ran in it.
                     proof = eng.remove_cgroup_parent(cgroup_name)
-                    if proof is not None:
+                    if measured and proof is not None:
                         empty.append(proof)
 
     async def engine_command(self, *args: str) -> tuple[int, str, str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from psych_sandbox_core import cgroupfs
 from psych_sandbox_core.identity import EmptyCgroup, remove_execution_cgroup
 
 #: Labels on every container this plugin starts.
@@ -24,8 +25,8 @@ MANAGED_LABEL = "io.psych-sandbox.managed"
 OWNER_LABEL = "io.psych-sandbox.owner"
 MACHINE_LABEL = "io.psych-sandbox.machine"
 EXECUTION_LABEL = "io.psych-sandbox.execution"
-#: Per-execution cgroup parents (cgroup v1, cgroupfs driver) live under this name in each
-#: controller hierarchy: they outlive the container so usage can be read after it exited.
+#: Per-execution cgroup parents (cgroupfs driver) live under this name in every hierarchy:
+#: they outlive the container so usage can be read after it exited, and are removed after.
 CGROUP_ROOT = "psych-sandbox"
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 #: Prefix of the per-execution host directories holding the control socket.
@@ -131,21 +132,85 @@ def owner_label_map() -> dict[str, str]:
 
 
 def cgroup_controllers() -> list[Path]:
-    """The cgroup v1 hierarchies a container's cgroup is created in (empty on cgroup v2)."""
+    """The cgroup v1 hierarchies usage is read from (empty on a cgroup v2 host)."""
     if not CGROUP_MOUNT.is_dir() or (CGROUP_MOUNT / "cgroup.controllers").exists():
         return []
     return [p for p in CGROUP_MOUNT.iterdir() if p.is_dir() and not p.is_symlink()
             and p.name != "unified"]
 
 
+def cgroup_hierarchies() -> list[Path]:
+    """Every mounted cgroup hierarchy, v1 and v2 alike: the runtime creates a container's
+    cgroup in each of them (on a hybrid host, in the unified one too)."""
+    return [hierarchy.point for hierarchy in cgroupfs.hierarchies()]
+
+
+#: How often creating the per-execution parent may find the shared root just removed by
+#: another execution's teardown before it gives up (each retry recreates the root).
+CREATE_ATTEMPTS = 5
+
+
+def create_cgroup_parent(name: str) -> None:
+    """Make the per-execution parent in every hierarchy before the container starts.
+
+    The runtime would create it itself, but only where it uses it and without ever removing
+    it; made here, teardown knows every directory to remove, and the shared root always has
+    a child while an execution needs it, so another execution's teardown can remove the root
+    only when no execution is using it. OSError if the kernel refuses."""
+    made: list[Path] = []
+    try:
+        for hierarchy in cgroup_hierarchies():
+            root = hierarchy / CGROUP_ROOT
+            for attempt in range(CREATE_ATTEMPTS):
+                with suppress(FileExistsError):
+                    root.mkdir(mode=0o755)
+                try:
+                    (root / name).mkdir(mode=0o755)
+                except FileNotFoundError:
+                    # Another teardown removed the empty root between the two mkdirs.
+                    if attempt + 1 == CREATE_ATTEMPTS:
+                        raise
+                    continue
+                made.append(hierarchy)
+                break
+    except OSError:
+        for hierarchy in made:
+            _remove_parent(hierarchy, name)
+        raise
+
+
 def remove_cgroup_parent(name: str) -> EmptyCgroup | None:
-    """rmdir the per-execution parent in every hierarchy it was made in (only succeeds once
-    it is empty): the kernel's proof that no process of the container is left, when every
-    one was removed. Not empty yet (a container still inside) or not ours: the reaper tries
-    again once its owner is gone."""
-    made = [path for controller in cgroup_controllers()
-            if (path := controller / CGROUP_ROOT / name).is_dir()]
-    return remove_execution_cgroup(made)
+    """Remove the per-execution parent, and whatever the runtime left below it, in every
+    hierarchy, then the shared root where no other execution uses it. Only empty cgroups are
+    removed (the kernel refuses one with a process in it), so removing every parent is the
+    kernel's proof that no process of the container is left: returned, else None (a
+    container still inside, or not ours; the reaper tries again once its owner is gone)."""
+    parents: list[Path] = []
+    for hierarchy in cgroup_hierarchies():
+        parent = hierarchy / CGROUP_ROOT / name
+        if not parent.is_dir():
+            continue
+        for child in parent.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                cgroupfs.remove_tree(child)
+        parents.append(parent)
+    proof = remove_execution_cgroup(parents)
+    for hierarchy in cgroup_hierarchies():
+        # Busy while another execution has its parent there; then that one removes it.
+        with suppress(OSError):
+            (hierarchy / CGROUP_ROOT).rmdir()
+    return proof
+
+
+def _remove_parent(hierarchy: Path, name: str) -> bool:
+    root = hierarchy / CGROUP_ROOT
+    # A container still inside (or not ours to remove) refuses: the reaper tries again once
+    # its owner is gone.
+    clean = cgroupfs.remove_tree(root / name)
+    # Busy while another execution has its parent there; then that one removes it.
+    with suppress(OSError):
+        root.rmdir()
+    return clean
 
 
 def reap_orphans(engine: str = "docker", *, everything: bool = False) -> list[str]:
@@ -198,16 +263,15 @@ def _dead_token(token: str, everything: bool) -> bool:
 
 
 def _reap_host_leftovers(everything: bool) -> None:
-    for controller in cgroup_controllers():
-        root = controller / CGROUP_ROOT
+    for hierarchy in cgroup_hierarchies():
+        root = hierarchy / CGROUP_ROOT
         try:
             entries = list(root.iterdir())
         except OSError:
             continue
         for entry in entries:
             if entry.is_dir() and _dead_token(entry.name, everything):
-                with suppress(OSError):
-                    entry.rmdir()
+                _remove_parent(hierarchy, entry.name)
     tmp = Path(tempfile.gettempdir())
     try:
         leftovers = [p for p in tmp.iterdir() if p.name.startswith(SOCKET_DIR_PREFIX)]

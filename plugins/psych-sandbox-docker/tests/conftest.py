@@ -18,6 +18,7 @@ from docker_support import (
     leftover_containers,
     skip_unless_required,
 )
+from psych_sandbox_core.testing.host import no_cgroup_left
 
 
 @pytest.fixture
@@ -41,7 +42,9 @@ def engine() -> str:
 
 @pytest.fixture(autouse=True)
 def no_container_left(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After every test that ran containers, none of this process's is left."""
-    yield
-    if "engine" in request.fixturenames:
-        assert leftover_containers() == []
+    """After every test that ran containers, none of this process's is left, nor any new
+    cgroup in any hierarchy."""
+    with no_cgroup_left():
+        yield
+        if "engine" in request.fixturenames:
+            assert leftover_containers() == []
