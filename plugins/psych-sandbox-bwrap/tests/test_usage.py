@@ -188,7 +188,7 @@ async def test_no_cgroup_left_in_any_hierarchy(ending: str) -> None:
             assert result.error is not None and result.error.kind.value == kind, result.error
     # The control: while the program ran, the host saw its cgroup in each hierarchy used.
     assert isinstance(HOST, cgroups.CgroupHost)
-    mine = f"{cgroups.PREFIX}{os.getpid()}-"
+    mine = f"{cgroups.PREFIX}bwrap-{os.getpid()}-"
     made = {Path(path).parent for path in during if Path(path).name.startswith(mine)}
     assert made == set(HOST.parents.values()), during
     assert left == []
