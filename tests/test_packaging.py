@@ -39,12 +39,25 @@ class Source:
 SOURCES = [
     # The core's docs ship with it (its package page cannot link to the repository), and the
     # repository's top-level conftest.py is part of its tests.
-    Source("psych-sandbox-core", ROOT, "psych_sandbox_core", "PACKAGE.md",
-           frozenset({"docs", "conftest.py"})),
-    Source("psych-sandbox-bwrap", ROOT / "plugins" / "psych-sandbox-bwrap",
-           "psych_sandbox_bwrap", "README.md"),
-    Source("psych-sandbox-docker", ROOT / "plugins" / "psych-sandbox-docker",
-           "psych_sandbox_docker", "README.md"),
+    Source(
+        "psych-sandbox-core",
+        ROOT,
+        "psych_sandbox_core",
+        "PACKAGE.md",
+        frozenset({"docs", "conftest.py"}),
+    ),
+    Source(
+        "psych-sandbox-bwrap",
+        ROOT / "plugins" / "psych-sandbox-bwrap",
+        "psych_sandbox_bwrap",
+        "README.md",
+    ),
+    Source(
+        "psych-sandbox-docker",
+        ROOT / "plugins" / "psych-sandbox-docker",
+        "psych_sandbox_docker",
+        "README.md",
+    ),
 ]
 
 #: What every sdist carries whatever the project says: its build configuration, the metadata
@@ -60,9 +73,7 @@ class Built:
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
-    completed = subprocess.run(
-        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=500
-    )
+    completed = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=500)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return completed.stdout
 
@@ -74,8 +85,18 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Built]:
     for source in SOURCES:
         target = out / source.name
         # No build isolation: the build backend is a test dependency, so this works offline.
-        _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(target),
-              str(source.directory)], out)
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "build",
+                "--no-isolation",
+                "--outdir",
+                str(target),
+                str(source.directory),
+            ],
+            out,
+        )
         (sdist,) = target.glob("*.tar.gz")
         (wheel,) = target.glob("*.whl")
         result[source.name] = Built(source, sdist, wheel)
@@ -144,8 +165,15 @@ def test_each_wheel_holds_its_package_and_metadata_only(built: dict[str, Built])
 def test_metadata_and_contents_pass_the_packaging_checkers(built: dict[str, Built]) -> None:
     files = [str(p) for item in built.values() for p in (item.sdist, item.wheel)]
     _run([sys.executable, "-m", "twine", "check", "--strict", *files], ROOT)
-    _run([sys.executable, "-m", "check_wheel_contents",
-          *[str(item.wheel) for item in built.values()]], ROOT)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "check_wheel_contents",
+            *[str(item.wheel) for item in built.values()],
+        ],
+        ROOT,
+    )
 
 
 def test_package_pages_open_with_pip_install_and_link_only_absolute_urls(
@@ -179,7 +207,8 @@ def test_classifiers_and_a_compatible_range_of_the_core(built: dict[str, Built])
             assert metadata["Version"] == core_version
             continue
         (core,) = [
-            Requirement(r) for r in metadata.get_all("Requires-Dist") or []
+            Requirement(r)
+            for r in metadata.get_all("Requires-Dist") or []
             if Requirement(r).name == "psych-sandbox-core"
         ]
         # A plugin imports the core's internals: it accepts this minor version, not the next.
@@ -200,24 +229,43 @@ def fresh_environment(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     run there that carries nothing pointing back into the repository."""
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], tmp_path)
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"PYTHONPATH", "VIRTUAL_ENV", "PSYCH_SANDBOX_CONFIG"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"PYTHONPATH", "VIRTUAL_ENV", "PSYCH_SANDBOX_CONFIG"}
+    }
     env["PSYCH_SANDBOX_RUN_LOG"] = str(tmp_path / "run-log.sqlite")
     yield venv, env
 
 
 @pytest.mark.timeout(600)
 def test_the_wheels_install_into_a_fresh_environment_and_run_a_program(
-    built: dict[str, Built], fresh_environment: tuple[Path, dict[str, str]], tmp_path: Path,
+    built: dict[str, Built],
+    fresh_environment: tuple[Path, dict[str, str]],
+    tmp_path: Path,
 ) -> None:
     venv, env = fresh_environment
     python = str(venv / "bin" / "python")
     # Dependencies come from the package index, as for a user: the metadata must name them.
-    _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-          *[str(item.wheel) for item in built.values()]], tmp_path, env)
+    _run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            *[str(item.wheel) for item in built.values()],
+        ],
+        tmp_path,
+        env,
+    )
 
-    where = _run([python, "-c", "import psych_sandbox_core; print(psych_sandbox_core.__file__)"],
-                 tmp_path, env)
+    where = _run(
+        [python, "-c", "import psych_sandbox_core; print(psych_sandbox_core.__file__)"],
+        tmp_path,
+        env,
+    )
     assert Path(where.strip()).is_relative_to(venv), where
 
     program = tmp_path / "hello.py"

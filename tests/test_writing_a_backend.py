@@ -67,8 +67,16 @@ def test_the_guide_backend_builds_type_checks_and_passes_the_conformance_suite(
     (project / "psych_sandbox_tutorial" / "py.typed").touch()
 
     _run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "mypy"),
-         "psych_sandbox_tutorial", "tests"],
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--cache-dir",
+            str(tmp_path / "mypy"),
+            "psych_sandbox_tutorial",
+            "tests",
+        ],
         project,
     )
 
@@ -76,15 +84,35 @@ def test_the_guide_backend_builds_type_checks_and_passes_the_conformance_suite(
     # other test sees a backend it did not ask for.
     site = tmp_path / "site"
     _run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
-         "--disable-pip-version-check", "--target", str(site), str(project)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(project),
+        ],
         tmp_path,
     )
     assert (site / "psych_sandbox_tutorial" / "__init__.py").is_file()
 
     out = _run(
-        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-W", "error",
-         "tests/test_conformance.py"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "error",
+            "tests/test_conformance.py",
+        ],
         project,
         PYTHONPATH=str(site),
         PSYCH_SANDBOX_RUN_LOG=str(tmp_path / "run-log.sqlite"),
