@@ -16,6 +16,9 @@ from .result import ExecutionFailure, ExecutionResult
 from .sandbox import Sandbox
 from .terms import ExecutionLimits
 
+#: The one place the core's version is written; the distribution's metadata reads it from here.
+__version__ = "0.1.0"
+
 __all__ = [
     "BindingProvider",
     "ConfigurationError",
@@ -37,5 +40,6 @@ __all__ = [
     "ToolSpec",
     "UnknownBackendError",
     "UnknownProfileError",
+    "__version__",
     "level_of",
 ]

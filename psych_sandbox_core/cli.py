@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="psych-sandbox",
         description="Run an untrusted Python program in an isolated sandbox.",
     )
+    parser.add_argument(
+        "--version", action=_VersionAction,
+        help="show the core's version and every installed backend's, then exit",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run one program and report its result")
     run.add_argument("file", help="the program's source file, or - for standard input")
@@ -73,6 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
             "$PSYCH_SANDBOX_CONFIG if set"
         )
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: read the installed plugins' metadata only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        from .versions import version_report
+
+        print(version_report())
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

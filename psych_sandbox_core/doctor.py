@@ -37,6 +37,9 @@ def profile_table(config: DeploymentConfig, registry: BackendRegistry) -> list[d
                 "allow_network": profile.allow_network,
                 "options": dict(profile.options),
                 "limits": profile.limits.model_dump(mode="json"),
+                "budgets": profile.budgets.model_dump(mode="json"),
+                "output": profile.output.model_dump(mode="json"),
+                "warm": profile.warm,
             }
         )
     return rows

@@ -50,3 +50,25 @@ def test_doctor_with_invalid_config_is_a_usage_error(
     config.write_text("[profiles.x]\nbackend = 3\n")
     assert main(["doctor", "--config", str(config)]) == 2
     assert "profiles.x.backend" in capsys.readouterr().err
+
+
+def test_profiles_json_shows_every_setting_of_a_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from psych_sandbox_core.profiles import ProfileConfig
+
+    config = tmp_path / "deploy.toml"
+    config.write_text(
+        '[profiles.agents]\nbackend = "subprocess"\nwarm = 2\n'
+        "[profiles.agents.budgets]\ncalls_per_execution = 500\n"
+        "[profiles.agents.output]\nmax_artifacts = 3\n"
+    )
+    assert main(["profiles", "--json", "--config", str(config)]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["profiles"]}
+    agents = rows["agents"]
+    assert agents["warm"] == 2
+    assert agents["budgets"]["calls_per_execution"] == 500
+    assert agents["output"]["max_artifacts"] == 3
+    # Every setting a profile has is shown (a new one must be added to the table too).
+    for row in rows.values():
+        assert set(ProfileConfig.model_fields) <= set(row), row

@@ -251,9 +251,11 @@ class BackendConformance:
 
     # ------------------------------------------------------------ fixtures
 
-    @pytest.fixture
-    def anyio_backend(self) -> str:
-        return "asyncio"
+    @pytest.fixture(params=["asyncio", "trio"])
+    def anyio_backend(self, request: pytest.FixtureRequest) -> str:
+        """Every test on both event loops anyio runs on: a backend's teardown and streams
+        are loop-specific code, and an embedding application may use either."""
+        return str(request.param)
 
     @pytest.fixture
     def private_tmp(self) -> Iterator[Path]:

@@ -1,5 +1,5 @@
 """The bwrap backend's tests run on asyncio: what they test is the sandbox, not the loop
-(the core's suite covers trio)."""
+(the shared conformance suite runs on trio too, and the core's suite covers trio)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The docker backend's tests run real containers on asyncio (what they test is the
-container, not the loop). The local image is built once per session when it is absent."""
+container, not the loop), except the shared conformance suite, which runs on trio too. The
+local image is built once per session when it is absent."""
 
 from __future__ import annotations
 

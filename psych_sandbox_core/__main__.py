@@ -1,0 +1,7 @@
+"""``python -m psych_sandbox_core``: the ``psych-sandbox`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
