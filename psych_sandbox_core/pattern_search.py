@@ -172,8 +172,8 @@ async def search_bytes(
             status = await process.kill_and_reap()
             await process.aclose()
             if on_cost is not None:
-                on_cost(status.cpu_seconds or 0.0)
-    cost = status.cpu_seconds or 0.0
+                on_cost(status.reaped_cpu_seconds or 0.0)
+    cost = status.reaped_cpu_seconds or 0.0
     if scope.cancelled_caught:
         raise PatternSearchError(
             f"the search did not finish within {deadline_seconds:g} s; use a simpler pattern",

@@ -30,10 +30,10 @@ class ExitStatus:
     #: The signal that ended the process, if one did.
     signal: int | None
     #: CPU seconds of the whole tree, from a mechanism the program cannot influence; None
-    #: when nothing measured it. (kill_and_reap fills in wait4's figure; a backend replaces
-    #: it with its cgroup's, or with None.)
+    #: when nothing measured it. (kill_and_reap leaves it None; a backend fills in its
+    #: cgroup's figure.)
     cpu_seconds: float | None
-    #: Largest resident set of the process or any reaped descendant, in bytes.
+    #: Largest resident set of the tree, in bytes, measured the same way; None when not.
     peak_memory_bytes: int | None
     #: A backend's own reading of how the child ended, when its runtime knows more than the
     #: exit code (a container runtime's OOM kill): the failure kind and its message. The core
@@ -42,6 +42,9 @@ class ExitStatus:
     #: CPU seconds wait4 reported for the process and what it reaped: a lower bound (a
     #: program can hide children from it), used only to tell a CPU-limit kill, never reported.
     reaped_cpu_seconds: float | None = None
+    #: Largest resident set of the direct child or a descendant it reaped (``wait4``): a
+    #: lower bound the program can shrink, for the host's own helpers, never usage.
+    reaped_peak_memory_bytes: int | None = None
 
     def describe(self) -> str:
         if self.signal is not None:
@@ -184,9 +187,13 @@ class ManagedProcess:
         self._status = ExitStatus(
             code=code if code >= 0 else None,
             signal=-code if code < 0 else None,
-            cpu_seconds=rusage.ru_utime + rusage.ru_stime,
-            peak_memory_bytes=rusage.ru_maxrss * scale,
+            # Not usage: a program that ignores SIGCHLD has its children reaped by the kernel
+            # and their rusage dropped, so wait4 would report low and call it measured. A
+            # backend reports usage from a mechanism the program cannot influence (a cgroup).
+            cpu_seconds=None,
+            peak_memory_bytes=None,
             reaped_cpu_seconds=rusage.ru_utime + rusage.ru_stime,
+            reaped_peak_memory_bytes=rusage.ru_maxrss * scale,
         )
         return self._status
 
