@@ -60,6 +60,9 @@ class ErrorKind(str, enum.Enum):
     OUTPUT_LIMIT = "output_limit"
     MEMORY_LIMIT = "memory_limit"
     PROTOCOL_ERROR = "protocol_error"
+    #: The program text itself was refused before anything ran (too large to send, or not
+    #: valid Unicode).
+    PROGRAM_REJECTED = "program_rejected"
     # What the deployment could not do for it.
     ISOLATION_UNAVAILABLE = "isolation_unavailable"
     NETWORK_NOT_ALLOWED = "network_not_allowed"
@@ -107,6 +110,11 @@ GUIDANCE: dict[ErrorKind, str] = {
     ErrorKind.PROTOCOL_ERROR: (
         "Your program interfered with the sandbox's private control channel, so the execution "
         "was ended. Do not read or write the sandbox's file descriptors."
+    ),
+    ErrorKind.PROGRAM_REJECTED: (
+        "Your program was not run: its text was refused before it started (see the message: "
+        "too large, or not valid Unicode). Send a shorter program; fetch large data through "
+        "the tools you were given instead of writing it into the program."
     ),
     ErrorKind.ISOLATION_UNAVAILABLE: (
         "The sandbox could not provide the isolation this execution requires, so it did not "
