@@ -57,11 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print exactly one JSON object")
     run.add_argument(
-        "--explain", action="store_true",
+        "--explain",
+        action="store_true",
         help="also print the guidance a failure carries for a model",
     )
     run.add_argument(
-        "--artifacts", default=None, metavar="DIR",
+        "--artifacts",
+        default=None,
+        metavar="DIR",
         help="write the files the program left in its workspace to DIR (never overwrites)",
     )
     run.add_argument(
@@ -73,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     profiles.add_argument("--json", action="store_true", help="print exactly one JSON object")
     for command in (run, doctor, profiles):
         command.add_argument(
-            "--config", default=None, help="deployment configuration file (TOML); default: "
-            "$PSYCH_SANDBOX_CONFIG if set"
+            "--config",
+            default=None,
+            help="deployment configuration file (TOML); default: $PSYCH_SANDBOX_CONFIG if set",
         )
     return parser
 
@@ -161,7 +165,10 @@ def _command_run(args: argparse.Namespace) -> int:
             blob_store = FilesystemBlobStore(store)
             async with Sandbox(args.config, blob_store=blob_store) as sandbox:
                 outcome = await sandbox.run(
-                    source, profile=args.profile, timeout=args.timeout, bindings=bindings,
+                    source,
+                    profile=args.profile,
+                    timeout=args.timeout,
+                    bindings=bindings,
                     cancel=cancel,
                 )
                 if args.artifacts is not None:
@@ -262,7 +269,8 @@ def print_summary(
         # failed as a whole (a timeout interrupted it) is said once, by the export note.
         whole_failure = collection_problem(result.skipped_artifacts) is not None
         for line in summary_lines(
-            [], result.artifacts,
+            [],
+            result.artifacts,
             [] if whole_failure else result.skipped_artifacts,
             0 if whole_failure else result.skipped_artifacts_unlisted,
         ):

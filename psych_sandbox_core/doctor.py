@@ -251,7 +251,8 @@ def _profile_line(row: dict[str, Any]) -> str:
 
 def command_doctor(config_path: str | None, as_json: bool) -> int:
     """``psych-sandbox doctor``: exit 0 when default and every configured profile can run
-    here, 1 when one cannot, 2 when the configuration has errors ``run`` would refuse."""
+    programs here, 1 when one cannot (its backend does not work, or required_level refuses
+    every run), 2 when the configuration has errors ``run`` would refuse."""
     import json
 
     import anyio
@@ -267,7 +268,9 @@ def command_doctor(config_path: str | None, as_json: bool) -> int:
     # An installed backend that does not work here is information; a profile someone
     # configured, or default, that cannot run is a problem.
     working = all(
-        row.get("works") for row in report["profiles"] if row["source"] != "installed backend"
+        row.get("works") and not row.get("refused")
+        for row in report["profiles"]
+        if row["source"] != "installed backend"
     )
     return EXIT_OK if working else EXIT_NOT_WORKING
 

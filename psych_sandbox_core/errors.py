@@ -128,15 +128,11 @@ GUIDANCE: dict[ErrorKind, str] = {
         "The sandbox backend is not ready on this host (not installed or not working). "
         + _NOT_YOUR_PROGRAM
     ),
-    ErrorKind.POLICY_REFUSED: (
-        "Policy does not allow this execution. " + _NOT_YOUR_PROGRAM
-    ),
+    ErrorKind.POLICY_REFUSED: ("Policy does not allow this execution. " + _NOT_YOUR_PROGRAM),
     ErrorKind.CANCELLED: (
         "The execution was cancelled from outside before it finished. " + _NOT_YOUR_PROGRAM
     ),
-    ErrorKind.PROVIDER_ERROR: (
-        "The remote execution provider failed. " + _NOT_YOUR_PROGRAM
-    ),
+    ErrorKind.PROVIDER_ERROR: ("The remote execution provider failed. " + _NOT_YOUR_PROGRAM),
     ErrorKind.ARTIFACTS_UNAVAILABLE: (
         "Output had to be preserved but no storage was available to preserve it, so the "
         "result was not returned. " + _NOT_YOUR_PROGRAM

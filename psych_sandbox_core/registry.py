@@ -52,8 +52,9 @@ class BackendRegistry:
             raise ConfigurationError(f"backend {backend!r} has no valid 'id'")
         self._backends[backend_id] = RegisteredBackend(backend, *self._serving)
 
-    def register_plugin(self, plugin: object, name: str, distribution: str | None = None,
-                        version: str | None = None) -> None:
+    def register_plugin(
+        self, plugin: object, name: str, distribution: str | None = None, version: str | None = None
+    ) -> None:
         """Register an in-process plugin object (tests, embedders) as if from an entry point."""
         if self._manager.is_registered(plugin) or name in self._loaded:
             return

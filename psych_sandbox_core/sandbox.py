@@ -186,8 +186,10 @@ class Sandbox:
             loaded.config,
         )
         refusal = terms.refusal
-        if loaded.selection is not None and refusal is not None and (
-            refusal.kind is ErrorKind.ISOLATION_UNAVAILABLE
+        if (
+            loaded.selection is not None
+            and refusal is not None
+            and (refusal.kind is ErrorKind.ISOLATION_UNAVAILABLE)
         ):
             # default fell back to a weaker backend: say what would reach the level.
             refusal = refusal.model_copy(
@@ -293,8 +295,12 @@ class Sandbox:
     ) -> SearchResult:
         """Regular-expression matches in an attachment, searched in a killable child process."""
         return await self.attachments.search(
-            handle, pattern, tenant=tenant, run_id=run_id,
-            ignore_case=ignore_case, max_matches=max_matches,
+            handle,
+            pattern,
+            tenant=tenant,
+            run_id=run_id,
+            ignore_case=ignore_case,
+            max_matches=max_matches,
         )
 
     async def _load(self, name: str) -> _LoadedProfile:

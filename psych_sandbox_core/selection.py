@@ -43,12 +43,11 @@ class Candidate:
     origin: str
 
 
-def default_order(
-    registry: BackendRegistry, preference: Sequence[str] = ()
-) -> list[Candidate]:
+def default_order(registry: BackendRegistry, preference: Sequence[str] = ()) -> list[Candidate]:
     """Every installed backend in the order ``default`` tries them."""
-    first_party = {backend_id: (index, dist) for index, (backend_id, dist) in
-                   enumerate(FIRST_PARTY)}
+    first_party = {
+        backend_id: (index, dist) for index, (backend_id, dist) in enumerate(FIRST_PARTY)
+    }
     keyed: list[tuple[tuple[int, int, int, str], Candidate]] = []
     for backend_id in registry.ids():
         registered = registry.get(backend_id)
@@ -61,8 +60,10 @@ def default_order(
         else:
             origin, group, position = "third-party", 2, 0
         keyed.append(
-            ((_LEVEL_RANK[claims], group, position, backend_id),
-             Candidate(backend_id, claims, origin))
+            (
+                (_LEVEL_RANK[claims], group, position, backend_id),
+                Candidate(backend_id, claims, origin),
+            )
         )
     return [candidate for _, candidate in sorted(keyed, key=lambda item: item[0])]
 

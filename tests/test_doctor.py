@@ -60,7 +60,10 @@ def test_doctor_with_invalid_config_is_a_usage_error(
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "psych_sandbox_core.cli", *args],
-        capture_output=True, text=True, check=False, timeout=300,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
     )
 
 
@@ -84,7 +87,10 @@ PREFIX = "psych-sandbox: configuration error: "
             '[profiles.agents]\nbackend = "subprocess"\nrequird_level = "process"\n',
             "profiles.agents.requird_level: unknown key (did you mean 'required_level'?)",
         ),
-        ('[profile.agents]\nbackend = "subprocess"\n', "profile: unknown key (did you mean 'profiles'?)"),
+        (
+            '[profile.agents]\nbackend = "subprocess"\n',
+            "profile: unknown key (did you mean 'profiles'?)",
+        ),
         (
             '[profiles.agents]\nbackend = "subprocess"\nrequired_level = "isolated"\n',
             "profiles.agents.required_level: isolated can never be reached: the backend "
@@ -106,7 +112,7 @@ def test_run_doctor_and_profiles_refuse_the_same_configuration_with_the_same_mes
     assert run.stdout == ""
     (line,) = run.stderr.splitlines()
     assert line.startswith(PREFIX) and hint in line, line
-    message = line[len(PREFIX):]
+    message = line[len(PREFIX) :]
     for command in (["doctor"], ["profiles"], ["profiles", "--json"]):
         shown = _cli(*command, "--config", str(config))
         assert shown.returncode == 2, (command, shown)
@@ -121,7 +127,7 @@ def test_doctor_leads_with_whether_untrusted_code_is_safe_here() -> None:
     report = _cli("doctor", "--json")
     assert report.returncode == 0, report
     data = json.loads(report.stdout)
-    assert list(data)[0] == "verdict"
+    assert next(iter(data)) == "verdict"
     verdict = data["verdict"]
     default = next(row for row in data["profiles"] if row["name"] == "default")
     assert verdict["backend"] == default["backend"]
