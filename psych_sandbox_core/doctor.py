@@ -111,7 +111,7 @@ async def diagnose(config: DeploymentConfig, registry: BackendRegistry) -> dict[
             # default without a backend: chosen here, as run chooses it.
             if selection is None:
                 row["errors"].append(selection_error)
-                row.update(works=False, reason=selection_error, level=None)
+                row.update({"works": False, "reason": selection_error, "level": None})
                 continue
             row["backend"] = backend_id = selection.chosen.backend_id
             row["selected"] = selection.why
@@ -120,16 +120,19 @@ async def diagnose(config: DeploymentConfig, registry: BackendRegistry) -> dict[
             if unreachable is not None:
                 row["errors"].append(unreachable)
         if row["errors"] or backend_id not in trials:
-            row.update(works=False, reason=None, level=None)
+            row.update({"works": False, "reason": None, "level": None})
             continue
         found = trials[backend_id]
         if row["options"]:
             # Its own settings, tried as its runs will be (an image that is not there).
             found = await availability(registry, backend_id, row["options"])
+        # The trial's level (from its grades), as on the backend's own row.
         row.update(
-            works=found.available,
-            reason=found.reason,
-            level=None if found.level is None else found.level.value,
+            {
+                "works": found.available,
+                "reason": found.reason,
+                "level": None if found.level is None else found.level.value,
+            }
         )
         if found.level is not None and not level_at_least(
             found.level, Level(row["required_level"])

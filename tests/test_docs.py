@@ -27,7 +27,6 @@ def test_embedding_guide_example_runs_and_matches_its_claimed_output() -> None:
 
 def test_readme_configuration_example_loads(tmp_path: Path) -> None:
     from psych_sandbox_core.config import resolve_config
-
     from psych_sandbox_core.grading import Level
 
     readme = (DOCS.parent / "README.md").read_text()
