@@ -12,7 +12,7 @@ from .errors import (
 )
 from .grading import Grade, Guarantee, Level, level_of
 from .profiles import DeploymentConfig, ProfileConfig
-from .result import ExecutionFailure, ExecutionResult
+from .result import ExecutionFailure, ExecutionNote, ExecutionResult
 from .sandbox import Sandbox
 from .terms import ExecutionLimits
 
@@ -26,6 +26,7 @@ __all__ = [
     "ErrorKind",
     "ExecutionFailure",
     "ExecutionLimits",
+    "ExecutionNote",
     "ExecutionResult",
     "FunctionBindings",
     "Grade",

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 
 from .artifacts import ArtifactExportError
-from .attachments import export_artifacts, export_note, summary_lines
+from .attachments import collection_problem, export_artifacts, export_note, summary_lines
 from .bindings import load_function_tools
 from .blobstore import FilesystemBlobStore
 from .doctor import command_doctor, command_profiles
@@ -61,7 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print exactly one JSON object")
     run.add_argument(
-        "--artifacts", default=None, metavar="DIR",
+        "--explain",
+        action="store_true",
+        help="also print the guidance a failure carries for a model",
+    )
+    run.add_argument(
+        "--artifacts",
+        default=None,
+        metavar="DIR",
         help="write the files the program left in its workspace to DIR (never overwrites)",
     )
     run.add_argument(
@@ -73,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     profiles.add_argument("--json", action="store_true", help="print exactly one JSON object")
     for command in (run, doctor, profiles):
         command.add_argument(
-            "--config", default=None, help="deployment configuration file (TOML); default: "
-            "$PSYCH_SANDBOX_CONFIG if set"
+            "--config",
+            default=None,
+            help="deployment configuration file (TOML); default: $PSYCH_SANDBOX_CONFIG if set",
         )
     return parser
 
@@ -174,7 +182,10 @@ def _command_run(args: argparse.Namespace) -> int:
             blob_store = FilesystemBlobStore(store)
             async with Sandbox(args.config, blob_store=blob_store) as sandbox:
                 outcome = await sandbox.run(
-                    source, profile=args.profile, timeout=args.timeout, bindings=bindings,
+                    source,
+                    profile=args.profile,
+                    timeout=args.timeout,
+                    bindings=bindings,
                     cancel=cancel,
                 )
                 if args.artifacts is not None:
@@ -194,8 +205,9 @@ def _command_run(args: argparse.Namespace) -> int:
                 if isinstance(stream, io.TextIOWrapper):
                     # A terminal that cannot show a character gets its escape, not a crash.
                     stream.reconfigure(errors="backslashreplace")
-            print_summary(result)
+            print_summary(result, artifacts=args.artifacts is not None, explain=args.explain)
         sys.stdout.flush()
+        print_notes(result)
     except OSError:
         # Nobody reads any more (a closed pipe, a terminal hung up): the exit status is all
         # that can still be said. Later writes, and the flush at exit, go nowhere quietly.
@@ -230,9 +242,22 @@ def result_as_json(result: ExecutionResult) -> dict[str, Any]:
     return result.to_json_object()
 
 
-def print_summary(result: ExecutionResult) -> None:
+def print_notes(result: ExecutionResult) -> None:
+    """Each note on stderr, one line each, in either output mode: a run below the isolated
+    level that nothing asked for must not go unsaid (``--json`` also carries it)."""
+    for note in result.notes:
+        sys.stderr.write(f"{SUMMARY_MARK} warning: {visible(note.message)}\n")
+    sys.stderr.flush()
+
+
+def print_summary(
+    result: ExecutionResult, *, artifacts: bool = False, explain: bool = False
+) -> None:
     """The result for a person: the program's streams as blocks under a gutter (stdout here,
-    stderr on stderr), then the report, each of its lines after the summary mark."""
+    stderr on stderr), then the report, each of its lines after the summary mark: what it
+    returned or how it failed, the files written with ``--artifacts``, the guidance for a
+    model only with ``--explain``, and the level line last. Attachment handles are not
+    shown: the CLI's store ends with it, so only ``--json`` records them."""
     out = sys.stdout
 
     def say(line: str) -> None:
@@ -247,11 +272,6 @@ def print_summary(result: ExecutionResult) -> None:
     info = result.stdout_info
     if info.dropped_bytes:
         say(f"stdout: {info.dropped_bytes} bytes past the capture cap were dropped")
-    for line in summary_lines(
-        result.attachments, result.artifacts, result.skipped_artifacts,
-        result.skipped_artifacts_unlisted,
-    ):
-        say(line)
     if result.error is None:
         say(f"returned: {visible(json.dumps(result.return_value))}")
     else:
@@ -259,7 +279,21 @@ def print_summary(result: ExecutionResult) -> None:
         say(f"failed: {error.kind.value}: {visible(error.message)}")
         if error.traceback:
             out.write(visible(error.traceback, block=True) + "\n")
-        say(f"guidance: {error.guidance}")
+        if explain:
+            say(f"guidance: {error.guidance}")
+    if artifacts:
+        # Written to the --artifacts folder, so they outlive the command. A collection that
+        # failed as a whole (a timeout interrupted it) is said once, by the export note.
+        whole_failure = collection_problem(result.skipped_artifacts) is not None
+        for line in summary_lines(
+            [],
+            result.artifacts,
+            [] if whole_failure else result.skipped_artifacts,
+            0 if whole_failure else result.skipped_artifacts_unlisted,
+        ):
+            say(line)
+    elif result.artifacts:
+        say(f"{len(result.artifacts)} file(s) left in the workspace; --artifacts DIR keeps them")
     usage = result.usage
     cpu = "not measured" if usage.cpu_seconds is None else f"{usage.cpu_seconds:.3f} s"
     memory = (

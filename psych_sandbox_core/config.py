@@ -21,15 +21,22 @@ affected run. A file looks like::
 from __future__ import annotations
 
 import datetime
+import difflib
 import json
 import os
 import sys
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from .backend import Backend
 from .errors import ConfigurationError
+from .grading import level_at_least
 from .profiles import DeploymentConfig
 from .registry import BackendRegistry
 
@@ -44,13 +51,61 @@ ENV_VAR = "PSYCH_SANDBOX_CONFIG"
 ConfigSource = DeploymentConfig | str | os.PathLike[str] | None
 
 
-def describe_errors(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> str:
-    """One line per problem, each naming its dotted key."""
+def describe_errors(
+    exc: ValidationError,
+    prefix: tuple[str | int, ...] = (),
+    model: type[BaseModel] | None = None,
+) -> str:
+    """One line per problem, each naming its dotted key. With the ``model`` that was
+    validated, an unknown key names the closest known one."""
     problems = []
     for err in exc.errors(include_url=False, include_input=False):
         key = ".".join(str(part) for part in (*prefix, *err["loc"])) or "(top level)"
-        problems.append(f"{key}: {err['msg']}")
+        message = err["msg"]
+        if err["type"] == "extra_forbidden" and model is not None:
+            message = "unknown key" + _closest(str(err["loc"][-1]), _keys_at(model, err["loc"]))
+        problems.append(f"{key}: {message}")
     return "; ".join(problems)
+
+
+def _closest(word: str, known: Sequence[str]) -> str:
+    """A hint naming the known word closest to ``word``, or listing them all."""
+    if not known:
+        return ""
+    match = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    if match:
+        return f" (did you mean {match[0]!r}?)"
+    return f" (known keys: {', '.join(sorted(known))})"
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the model accepts at ``loc``'s parent: follows fields into nested models
+    and the values of mappings (a profile name, an option's name)."""
+    current: Any = model
+    for part in loc[:-1]:
+        current = _model_or_mapping(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return []
+            current = field.annotation
+        elif typing.get_origin(current) is dict:
+            current = typing.get_args(current)[1]
+        else:
+            return []
+    current = _model_or_mapping(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _model_or_mapping(annotation: Any) -> Any:
+    """``annotation`` without an optional's None: the model or mapping inside it."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if arg is not type(None):
+                return _model_or_mapping(arg)
+    return annotation
 
 
 def _plain(value: Any) -> Any:
@@ -77,7 +132,7 @@ def parse_config(text: str, *, origin: str = "<string>") -> DeploymentConfig:
         return DeploymentConfig.model_validate_json(json.dumps(_plain(data)))
     except ValidationError as exc:
         raise ConfigurationError(
-            f"invalid configuration in {origin}: {describe_errors(exc)}"
+            f"invalid configuration in {origin}: {describe_errors(exc, model=DeploymentConfig)}"
         ) from None
 
 
@@ -112,20 +167,74 @@ def resolve_config(source: ConfigSource) -> DeploymentConfig:
     )
 
 
-def check_backends(config: DeploymentConfig, registry: BackendRegistry) -> None:
-    """Check, at load, that every profile names an installed backend and that its settings
-    pass that backend's own strict options model."""
+@dataclass(frozen=True)
+class ConfigProblem:
+    """Something in a configuration that ``run`` refuses, with the message it refuses with."""
+
+    #: The profile at fault; None for a deployment-wide setting.
+    profile: str | None
+    message: str
+
+
+def config_problems(config: DeploymentConfig, registry: BackendRegistry) -> list[ConfigProblem]:
+    """Everything in ``config`` that can never work with the backends installed here: a
+    backend nothing provides, settings its own strict model refuses, a required level its
+    backend can never reach, an unknown id in backend_preference.
+
+    The one check behind ``Sandbox`` (which raises the first), ``doctor`` and ``profiles``
+    (which report them all), so none of them accepts what another refuses.
+    """
+    problems: list[ConfigProblem] = []
+    for backend_id in config.backend_preference:
+        try:
+            registry.get(backend_id)
+        except ConfigurationError as exc:
+            problems.append(ConfigProblem(None, f"backend_preference: {exc}"))
     for name, profile in config.profiles.items():
         if profile.backend is None:
-            continue
+            continue  # default's backend is chosen on this host: see selection.py
         try:
             registered = registry.get(profile.backend)
         except ConfigurationError as exc:
-            raise ConfigurationError(f"profiles.{name}.backend: {exc}") from None
+            problems.append(ConfigProblem(name, f"profiles.{name}.backend: {exc}"))
+            continue
         try:
             registered.cls.Options.model_validate(profile.options)
         except ValidationError as exc:
-            raise ConfigurationError(
-                "invalid configuration: "
-                + describe_errors(exc, ("profiles", name, "options"))
-            ) from None
+            problems.append(
+                ConfigProblem(
+                    name,
+                    "invalid configuration: "
+                    + describe_errors(exc, ("profiles", name, "options"), registered.cls.Options),
+                )
+            )
+        if not level_at_least(registered.cls.claims, profile.required_level):
+            problems.append(
+                ConfigProblem(
+                    name,
+                    f"profiles.{name}.required_level: {profile.required_level.value} can never "
+                    f"be reached: the backend {profile.backend!r} reaches at most "
+                    f"{registered.cls.claims.value}; name a backend that reaches it (see "
+                    "psych-sandbox doctor) or lower required_level",
+                )
+            )
+    return problems
+
+
+def check_config(config: DeploymentConfig, registry: BackendRegistry) -> None:
+    """Raise ConfigurationError for the first of :func:`config_problems`."""
+    problems = config_problems(config, registry)
+    if problems:
+        raise ConfigurationError(problems[0].message)
+
+
+def create_backend(
+    registry: BackendRegistry, profile: str, backend_id: str, options: dict[str, object]
+) -> Backend:
+    """The backend a profile runs on, set up with the profile's settings. A backend that
+    refuses its settings here (an interpreter that cannot be found, a host it cannot run on)
+    is a configuration error naming the profile."""
+    try:
+        return registry.create(backend_id, options)
+    except ConfigurationError as exc:
+        raise type(exc)(f"profile {profile!r}: {exc}") from None

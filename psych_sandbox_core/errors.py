@@ -60,6 +60,9 @@ class ErrorKind(str, enum.Enum):
     OUTPUT_LIMIT = "output_limit"
     MEMORY_LIMIT = "memory_limit"
     PROTOCOL_ERROR = "protocol_error"
+    #: The program text itself was refused before anything ran (too large to send, or not
+    #: valid Unicode).
+    PROGRAM_REJECTED = "program_rejected"
     # What the deployment could not do for it.
     ISOLATION_UNAVAILABLE = "isolation_unavailable"
     NETWORK_NOT_ALLOWED = "network_not_allowed"
@@ -108,6 +111,11 @@ GUIDANCE: dict[ErrorKind, str] = {
         "Your program interfered with the sandbox's private control channel, so the execution "
         "was ended. Do not read or write the sandbox's file descriptors."
     ),
+    ErrorKind.PROGRAM_REJECTED: (
+        "Your program was not run: its text was refused before it started (see the message: "
+        "too large, or not valid Unicode). Send a shorter program; fetch large data through "
+        "the tools you were given instead of writing it into the program."
+    ),
     ErrorKind.ISOLATION_UNAVAILABLE: (
         "The sandbox could not provide the isolation this execution requires, so it did not "
         "run (or its output was withheld). " + _NOT_YOUR_PROGRAM
@@ -120,15 +128,11 @@ GUIDANCE: dict[ErrorKind, str] = {
         "The sandbox backend is not ready on this host (not installed or not working). "
         + _NOT_YOUR_PROGRAM
     ),
-    ErrorKind.POLICY_REFUSED: (
-        "Policy does not allow this execution. " + _NOT_YOUR_PROGRAM
-    ),
+    ErrorKind.POLICY_REFUSED: ("Policy does not allow this execution. " + _NOT_YOUR_PROGRAM),
     ErrorKind.CANCELLED: (
         "The execution was cancelled from outside before it finished. " + _NOT_YOUR_PROGRAM
     ),
-    ErrorKind.PROVIDER_ERROR: (
-        "The remote execution provider failed. " + _NOT_YOUR_PROGRAM
-    ),
+    ErrorKind.PROVIDER_ERROR: ("The remote execution provider failed. " + _NOT_YOUR_PROGRAM),
     ErrorKind.ARTIFACTS_UNAVAILABLE: (
         "Output had to be preserved but no storage was available to preserve it, so the "
         "result was not returned. " + _NOT_YOUR_PROGRAM

@@ -764,19 +764,17 @@ def _unsendable_source(source: str) -> ExecutionFailure | None:
     """A program text no run frame can carry: refused as data, before anything runs."""
     if len(source) > MAX_SOURCE_BYTES:
         return ExecutionFailure.of(
-            ErrorKind.EXCEPTION,
+            ErrorKind.PROGRAM_REJECTED,
             f"the program text is {len(source)} characters; at most {MAX_SOURCE_BYTES} are "
-            "accepted. Send a shorter program and fetch data through tools instead.",
-            exception_type="ValueError",
+            "accepted; nothing was run",
         )
     try:
         source.encode("utf-8")
     except UnicodeEncodeError as exc:
         return ExecutionFailure.of(
-            ErrorKind.EXCEPTION,
+            ErrorKind.PROGRAM_REJECTED,
             f"the program text is not valid Unicode at character {exc.start} (a lone "
             "surrogate); nothing was run",
-            exception_type="UnicodeError",
         )
     return None
 

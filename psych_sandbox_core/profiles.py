@@ -52,6 +52,13 @@ class DeploymentConfig(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    #: The lowest level any execution under any profile may run at: below it, a run is
+    #: refused before the program runs (isolation_unavailable). One setting makes a
+    #: deployment refuse rather than fall back to a weaker backend.
+    required_level: Level = Level.NONE
+    #: Backend ids ``default`` tries first within a level, before the built-in order (see
+    #: selection.py): how a deployment prefers a third-party backend.
+    backend_preference: list[str] = Field(default_factory=list)
 
     @field_validator("profiles")
     @classmethod
@@ -69,3 +76,11 @@ class DeploymentConfig(BaseModel):
                     f"profile {name!r} has options but no backend; options belong to a backend"
                 )
         return profiles
+
+    @field_validator("backend_preference")
+    @classmethod
+    def _no_repeats(cls, preference: list[str]) -> list[str]:
+        repeated = sorted({backend for backend in preference if preference.count(backend) > 1})
+        if repeated:
+            raise ValueError(f"lists {', '.join(map(repr, repeated))} more than once")
+        return preference

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import importlib_metadata
@@ -51,8 +52,9 @@ class BackendRegistry:
             raise ConfigurationError(f"backend {backend!r} has no valid 'id'")
         self._backends[backend_id] = RegisteredBackend(backend, *self._serving)
 
-    def register_plugin(self, plugin: object, name: str, distribution: str | None = None,
-                        version: str | None = None) -> None:
+    def register_plugin(
+        self, plugin: object, name: str, distribution: str | None = None, version: str | None = None
+    ) -> None:
         """Register an in-process plugin object (tests, embedders) as if from an entry point."""
         if self._manager.is_registered(plugin) or name in self._loaded:
             return
@@ -105,6 +107,11 @@ class BackendRegistry:
         except KeyError:
             hint = KNOWN_DISTRIBUTIONS.get(backend_id)
             install = f"; install it with: pip install {hint}" if hint else ""
+            close = difflib.get_close_matches(
+                backend_id, [*self._backends, *KNOWN_DISTRIBUTIONS], n=1, cutoff=0.6
+            )
+            if not hint and close:
+                install = f"; did you mean {close[0]!r}?"
             raise UnknownBackendError(
                 f"no installed plugin provides the backend {backend_id!r} "
                 f"(installed: {', '.join(sorted(self._backends)) or 'none'}){install}"
@@ -112,14 +119,13 @@ class BackendRegistry:
 
     def create(self, backend_id: str, options: dict[str, object]) -> Backend:
         """Instantiate a backend with its settings, validated by its own strict model."""
+        from .config import describe_errors  # config.py builds on this module
+
         registered = self.get(backend_id)
         try:
             parsed = registered.cls.Options.model_validate(options)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
-                for err in exc.errors(include_url=False, include_input=False)
-            )
+            problems = describe_errors(exc, model=registered.cls.Options)
             raise ConfigurationError(
                 f"invalid settings for backend {backend_id!r}: {problems}"
             ) from None

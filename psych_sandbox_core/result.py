@@ -82,6 +82,22 @@ class BackendIdentity(BaseModel):
     version: str | None
 
 
+class ExecutionNote(BaseModel):
+    """Something a person should know about an execution that is not a failure of it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: What the note is about; ``below_isolated``: the program ran below the isolated level
+    #: although nothing asked for less (``default`` fell back to a weaker backend).
+    code: str
+    #: One line for a person, saying what is not enforced and how to fix it.
+    message: str
+    #: The guarantees the isolated level needs that were not enforced for this execution.
+    not_enforced: list[str] = Field(default_factory=list)
+    #: How this host could reach the isolated level (why a stronger backend did not work).
+    fix: str | None = None
+
+
 class ExecutionResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -110,6 +126,8 @@ class ExecutionResult(BaseModel):
     #: Workspace entries deliberately not collected, and why (links, FIFOs, caps...).
     skipped_artifacts: list[SkippedEntry] = Field(default_factory=list)
     skipped_artifacts_unlisted: int = 0
+    #: What a person should know that is not a failure (see ExecutionNote).
+    notes: list[ExecutionNote] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import os
 import uuid
+from collections.abc import Sequence
 
 import anyio
 from anyio.abc import TaskGroup
@@ -19,11 +22,18 @@ from .attachments import (
 from .backend import Availability, Backend
 from .bindings import BindingProvider, CallServer, ExecutionScope
 from .blobstore import BlobStore
-from .config import ConfigSource, check_backends, resolve_config
-from .errors import ConfigurationError, SandboxClosedError, UnknownProfileError
+from .config import ConfigSource, check_config, create_backend, resolve_config
+from .errors import ConfigurationError, ErrorKind, SandboxClosedError, UnknownProfileError
 from .grading import Level, level_at_least
 from .host import ExecutionPlan, execute
-from .narrowing import BackendCapability, ExecutionRequest, TenantPolicy, narrow, request_for
+from .narrowing import (
+    BackendCapability,
+    ExecutionRequest,
+    TenantPolicy,
+    narrow,
+    request_for,
+    strictest_level,
+)
 from .paging import DEFAULT_SEARCH_DEADLINE_SECONDS, SearchSettings
 from .pattern_search import SearchResult
 from .pool import WarmPool
@@ -31,6 +41,7 @@ from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
 from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
+from .selection import Candidate, Selection, default_order
 from .terms import ExecutionLimits
 
 
@@ -54,15 +65,14 @@ def default_run_log_path() -> str:
     return os.path.join(directory, "run-log.sqlite")
 
 
-_LEVEL_RANK = {Level.ISOLATED: 0, Level.PROCESS: 1, Level.NONE: 2}
-
-
 @dataclasses.dataclass
 class _LoadedProfile:
     name: str
     config: ProfileConfig
     backend: Backend
     identity: BackendIdentity
+    #: How ``default`` chose its backend on this host; None when the profile names one.
+    selection: Selection | None = None
 
 
 class Sandbox:
@@ -105,7 +115,7 @@ class Sandbox:
         # Invalid configuration fails here, at construction, not at the first run.
         self.config = resolve_config(config)
         self.registry = registry or BackendRegistry()
-        check_backends(self.config, self.registry)
+        check_config(self.config, self.registry)
         self._loaded: dict[str, _LoadedProfile] = {}
         self._lock = anyio.Lock()
         self._closed = False
@@ -175,6 +185,16 @@ class Sandbox:
             loaded.name,
             loaded.config,
         )
+        refusal = terms.refusal
+        if (
+            loaded.selection is not None
+            and refusal is not None
+            and (refusal.kind is ErrorKind.ISOLATION_UNAVAILABLE)
+        ):
+            # default fell back to a weaker backend: say what would reach the level.
+            refusal = refusal.model_copy(
+                update={"message": f"{refusal.message}; {loaded.selection.fix()}"}
+            )
         limits = terms.limits
         budgets = loaded.config.budgets
         if policy is not None and policy.budgets is not None:
@@ -200,7 +220,7 @@ class Sandbox:
             claimed_level=type(loaded.backend).claims,
             required_level=terms.required_level,
             network_allowed=terms.network,
-            refusal=terms.refusal,
+            refusal=refusal,
             tools=tools,
             bindings=bindings,
             calls=calls,
@@ -210,9 +230,8 @@ class Sandbox:
             ),
         )
         pool = self._pool(loaded)
-        if pool is not None:
-            return await pool.run(plan)
-        return await execute(loaded.backend, plan)
+        result = await pool.run(plan) if pool is not None else await execute(loaded.backend, plan)
+        return _with_notes(result, loaded.selection)
 
     async def warmed(self, profile: str) -> None:
         """Wait until ``profile`` has a prepared child waiting for its program (at once when
@@ -276,8 +295,12 @@ class Sandbox:
     ) -> SearchResult:
         """Regular-expression matches in an attachment, searched in a killable child process."""
         return await self.attachments.search(
-            handle, pattern, tenant=tenant, run_id=run_id,
-            ignore_case=ignore_case, max_matches=max_matches,
+            handle,
+            pattern,
+            tenant=tenant,
+            run_id=run_id,
+            ignore_case=ignore_case,
+            max_matches=max_matches,
         )
 
     async def _load(self, name: str) -> _LoadedProfile:
@@ -293,57 +316,101 @@ class Sandbox:
                 elif name in self.registry.ids():
                     config = ProfileConfig(backend=name)
                 else:
+                    close = difflib.get_close_matches(name, self.profile_names(), n=1)
                     raise UnknownProfileError(
-                        f"no profile named {name!r} is configured; known profiles: "
-                        f"{', '.join(self.profile_names())}"
+                        f"no profile named {name!r} is configured"
+                        + (f" (did you mean {close[0]!r}?)" if close else "")
+                        + f"; known profiles: {', '.join(self.profile_names())}"
                     )
+            selection: Selection | None = None
             if config.backend is None:
                 if name != DEFAULT_PROFILE:
                     raise ConfigurationError(f"profile {name!r} names no backend")
-                backend_id = await self.strongest_working_backend()
+                selection = await self.default_selection()
+                unreachable = selection.below_required(name, config.required_level)
+                if unreachable is not None:
+                    raise ConfigurationError(unreachable)
+                backend_id = selection.chosen.backend_id
             else:
                 backend_id = config.backend
-            backend = self.registry.create(backend_id, dict(config.options))
+            backend = create_backend(self.registry, name, backend_id, dict(config.options))
             registered = self.registry.get(backend_id)
+            # The deployment's floor narrows every profile: below it a run is refused.
+            floor = strictest_level([config.required_level, self.config.required_level])
             loaded = _LoadedProfile(
                 name,
-                config,
+                config.model_copy(update={"required_level": floor}),
                 backend,
                 BackendIdentity(
                     id=backend_id,
                     distribution=registered.distribution,
                     version=registered.version,
                 ),
+                selection,
             )
             self._loaded[name] = loaded
             return loaded
 
     async def strongest_working_backend(self) -> str:
-        """Run a trivial program on each installed backend, strongest claim first, and pick
-        the first whose report reaches its claim. Remembered for the process."""
-        candidates = sorted(
-            self.registry.ids(), key=lambda i: _LEVEL_RANK[self.registry.get(i).cls.claims]
-        )
-        key = tuple(self.registry.get(i).cls for i in candidates)
-        cached = _SELECTED.get(key)
-        if cached is not None:
-            return cached
-        reasons: list[str] = []
-        for backend_id in candidates:
-            reason = await trial(self.registry, backend_id)
-            if reason is None:
-                _SELECTED[key] = backend_id
-                return backend_id
-            reasons.append(f"{backend_id}: {reason}")
-        raise ConfigurationError(
-            "no installed backend works on this host: " + "; ".join(reasons)
-        )
+        """The backend ``default`` runs on this host (see :meth:`default_selection`)."""
+        return (await self.default_selection()).chosen.backend_id
+
+    async def default_selection(self) -> Selection:
+        """What ``default`` runs on this host (see :func:`select_default`)."""
+        return await select_default(self.registry, self.config.backend_preference)
+
+
+async def select_default(registry: BackendRegistry, preference: Sequence[str] = ()) -> Selection:
+    """Run a trivial program on each installed backend in the default order (see
+    selection.py) and choose the first whose report reaches its claim. Remembered for the
+    process. Raises ConfigurationError when none works."""
+    order = tuple(default_order(registry, preference))
+    key = (tuple(registry.get(c.backend_id).cls for c in order), tuple(preference))
+    cached = _SELECTED.get(key)
+    if cached is not None:
+        return cached
+    skipped: list[tuple[Candidate, str]] = []
+    for candidate in order:
+        reason = await trial(registry, candidate.backend_id)
+        if reason is None:
+            selection = Selection(candidate, order, tuple(skipped))
+            _SELECTED[key] = selection
+            return selection
+        skipped.append((candidate, reason))
+    raise ConfigurationError(
+        "no installed backend works on this host: "
+        + "; ".join(f"{c.backend_id}: {reason}" for c, reason in skipped)
+    )
+
+
+def _with_notes(result: ExecutionResult, selection: Selection | None) -> ExecutionResult:
+    """The result, noting a run below the isolated level that nothing asked for: the
+    backend was chosen by ``default`` on this host, not named by a profile."""
+    if selection is None or not result.grades:
+        return result
+    if result.error is not None and result.error.kind in _NOT_RUN:
+        return result
+    note = selection.note(Level(result.level), result.grades)
+    if note is None:
+        return result
+    return result.model_copy(update={"notes": [*result.notes, note]})
+
+
+#: Failures that mean the program did not run, so there is nothing to note about how.
+_NOT_RUN = frozenset(
+    {
+        ErrorKind.ISOLATION_UNAVAILABLE,
+        ErrorKind.NETWORK_NOT_ALLOWED,
+        ErrorKind.BACKEND_NOT_READY,
+        ErrorKind.POLICY_REFUSED,
+    }
+)
 
 
 #: Keyed by backend classes, not by registry, so the answer is the process's: a trial runs a
 #: real execution and the host does not change under a running process.
-_SELECTED: dict[tuple[type[Backend], ...], str] = {}
-_TRIALS: dict[type[Backend], Availability] = {}
+_SELECTED: dict[tuple[tuple[type[Backend], ...], tuple[str, ...]], Selection] = {}
+_TRIALS: dict[type[Backend] | tuple[type[Backend], str], Availability] = {}
 
 
 async def trial(registry: BackendRegistry, backend_id: str) -> str | None:
@@ -351,17 +418,23 @@ async def trial(registry: BackendRegistry, backend_id: str) -> str | None:
     return (await availability(registry, backend_id)).reason
 
 
-async def availability(registry: BackendRegistry, backend_id: str) -> Availability:
+async def availability(
+    registry: BackendRegistry, backend_id: str, options: dict[str, object] | None = None
+) -> Availability:
     """Whether ``backend_id`` works here, found by running a trivial program on it with
-    default settings; its level and grades are the trial's. Remembered for the process."""
+    default settings, or with ``options`` (a profile's); its level and grades are the
+    trial's. Remembered for the process."""
     registered = registry.get(backend_id)
-    cached = _TRIALS.get(registered.cls)
+    key: type[Backend] | tuple[type[Backend], str] = registered.cls
+    if options:
+        key = (registered.cls, json.dumps(options, sort_keys=True, default=str))
+    cached = _TRIALS.get(key)
     if cached is not None:
         return cached
     result: ExecutionResult | None = None
     reason: str | None
     try:
-        backend = registry.create(backend_id, {})
+        backend = registry.create(backend_id, dict(options or {}))
     except ConfigurationError as exc:
         reason = str(exc)
     else:
@@ -389,5 +462,5 @@ async def availability(registry: BackendRegistry, backend_id: str) -> Availabili
         level=None if result is None or not result.grades else Level(result.level),
         grades=dict(result.grades) if result is not None else {},
     )
-    _TRIALS[registered.cls] = outcome
+    _TRIALS[key] = outcome
     return outcome

@@ -133,7 +133,8 @@ def test_the_human_output_shows_hostile_output_inertly_and_the_real_report_apart
         else '"\\x7f\\u202e\\x1b[2J"\n'
     )
     program.write_text(HOSTILE + tail)
-    completed = _cli(program)
+    # With --artifacts the files outlive the command, so the report lists them.
+    completed = _cli(program, "--artifacts", str(tmp_path / "kept"))
     assert completed.returncode == (1 if ending == "raise" else 0), completed
     out = completed.stdout.decode("utf-8")
     err = completed.stderr.decode("utf-8")
@@ -145,7 +146,8 @@ def test_the_human_output_shows_hostile_output_inertly_and_the_real_report_apart
         if line.startswith(GUTTER):
             assert SUMMARY_MARK not in line
     for line in err.splitlines():
-        assert line.startswith(GUTTER), line
+        # The program's stderr, and the notes on what --artifacts wrote.
+        assert line.startswith((GUTTER, f"{SUMMARY_MARK} psych-sandbox: ")), line
     report = [line for line in out.splitlines() if line.startswith(SUMMARY_MARK)]
     assert f"{GUTTER}\\u25c6 returned: 42" in out.splitlines()
     assert f"{GUTTER}real output\\x0dreturned: 42 level isolated" in out.splitlines()
@@ -213,3 +215,72 @@ def test_a_terminal_that_cannot_show_a_character_gets_its_escape(tmp_path: Path)
     out = completed.stdout.decode("ascii").splitlines()
     assert out[0] == f"{GUTTER}h\\xe9llo"
     assert '\\u25c6 returned: "\\u00e9"' in out
+
+
+def _plain_run(tmp_path: Path, source: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    program = tmp_path / "program.py"
+    program.write_text(source)
+    completed = _cli(program, *extra)
+    return subprocess.CompletedProcess(
+        completed.args, completed.returncode, completed.stdout.decode(), completed.stderr.decode()
+    )
+
+
+def test_a_person_sees_output_value_and_level_but_no_handles_or_guidance(tmp_path: Path) -> None:
+    completed = _plain_run(tmp_path, "print('hi')\nopen('left.txt', 'w').write('x')\n42\n")
+    assert completed.returncode == 0, completed
+    # The handles point into a store that ends with the command: not shown to a person.
+    assert "attachment" not in completed.stdout and "att:" not in completed.stdout
+    assert completed.stdout.splitlines() == [
+        f"{GUTTER}hi",
+        f"{SUMMARY_MARK} returned: 42",
+        f"{SUMMARY_MARK} 1 file(s) left in the workspace; --artifacts DIR keeps them",
+        completed.stdout.splitlines()[-1],
+    ]
+    assert completed.stdout.splitlines()[-1].startswith(
+        f"{SUMMARY_MARK} profile subprocess · backend subprocess · level "
+    )
+    assert completed.stderr == ""
+    # --json keeps every handle.
+    as_json = json.loads(_plain_run(tmp_path, "print('hi')\n42\n", "--json").stdout)
+    assert {"stdout", "return_value"} <= {a["name"] for a in as_json["attachments"]}
+
+
+def test_guidance_for_a_model_only_with_explain_or_json(tmp_path: Path) -> None:
+    source = "raise KeyError('k')\n"
+    plain = _plain_run(tmp_path, source)
+    assert plain.returncode == 1
+    assert f"{SUMMARY_MARK} failed: exception: KeyError: 'k'" in plain.stdout.splitlines()
+    assert "guidance" not in plain.stdout and "Read the traceback" not in plain.stdout
+    explained = _plain_run(tmp_path, source, "--explain")
+    assert f"{SUMMARY_MARK} guidance: Your program raised an exception." in explained.stdout
+    as_json = json.loads(_plain_run(tmp_path, source, "--json").stdout)
+    assert as_json["error"]["guidance"].startswith("Your program raised an exception.")
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["plain", "artifacts"])
+def test_a_timeout_says_timeout_and_nothing_about_skipped_files(tmp_path: Path, keep: bool) -> None:
+    extra = ["--timeout", "1"] + (["--artifacts", str(tmp_path / "kept")] if keep else [])
+    completed = _plain_run(tmp_path, "open('f', 'w').write('x')\nwhile True:\n    pass\n", *extra)
+    assert completed.returncode == 1, completed
+    report = [line for line in completed.stdout.splitlines() if line.startswith(SUMMARY_MARK)]
+    assert report[0].startswith(f"{SUMMARY_MARK} failed: timeout: ")
+    assert " · level " in report[-1], report
+    # The subprocess backend walks the workspace after the kill: the file it left is listed
+    # (kept with --artifacts, else a hint). A backend whose collection the timeout
+    # interrupted is tested with bwrap.
+    expected = f"{SUMMARY_MARK} artifact f: " if keep else f"{SUMMARY_MARK} 1 file(s) left"
+    assert [line[: len(expected)] for line in report[1:-1]] == [expected], report
+    assert "skipped" not in completed.stdout and "interrupted" not in completed.stdout
+
+
+def test_an_oversized_program_is_rejected_before_running_with_its_own_kind(
+    tmp_path: Path,
+) -> None:
+    completed = _plain_run(tmp_path, "x = 1\n" * (1024 * 1024 + 1))
+    assert completed.returncode == 1, completed
+    report = completed.stdout.splitlines()
+    assert report[0].startswith(f"{SUMMARY_MARK} failed: program_rejected: the program text is ")
+    assert "nothing was run" in report[0]
+    # No traceback and no guidance: the program never ran.
+    assert len(report) == 2 and not any(line.startswith(GUTTER) for line in report)

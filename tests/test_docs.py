@@ -27,11 +27,15 @@ def test_embedding_guide_example_runs_and_matches_its_claimed_output() -> None:
 
 def test_readme_configuration_example_loads(tmp_path: Path) -> None:
     from psych_sandbox_core.config import resolve_config
+    from psych_sandbox_core.grading import Level
 
     readme = (DOCS.parent / "README.md").read_text()
-    (example,) = re.findall(r"```toml\n(.*?)```", readme, flags=re.S)
+    refusing, example = re.findall(r"```toml\n(.*?)```", readme, flags=re.S)
     path = tmp_path / "deployment.toml"
     path.write_text(example)
     config = resolve_config(path)
     profile = config.profiles["agents"]
     assert profile.warm == 2 and profile.limits.cpu_seconds == 10
+    # The first screen's one setting: every run below isolated refused.
+    path.write_text(refusing)
+    assert resolve_config(path).required_level is Level.ISOLATED

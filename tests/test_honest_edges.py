@@ -65,8 +65,12 @@ async def test_a_program_text_no_frame_can_carry_is_refused_as_data(
     source: str, needle: str, tmp_path: object
 ) -> None:
     result = await run(source)
-    assert result.error is not None and result.error.kind is ErrorKind.EXCEPTION
-    assert needle in result.error.message
+    # Refused before it ran: its own kind, not an exception the program never raised.
+    assert result.error is not None and result.error.kind is ErrorKind.PROGRAM_REJECTED
+    assert needle in result.error.message and "nothing was run" in result.error.message
+    assert result.error.traceback is None and result.error.exception_type is None
+    assert "traceback" not in result.error.guidance
+    assert result.stdout == "" and result.return_value is None
 
 
 async def test_arguments_no_frame_can_carry_fail_in_the_program_without_spending_a_call() -> None:

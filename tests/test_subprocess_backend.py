@@ -336,7 +336,8 @@ async def test_refused_terms_abort_before_anything_is_compiled(private_tmp: Path
     # Control: under acceptable terms the program does write the witness file.
     assert (await run(source)).error is None and witness.read_text() == "ran"
     witness.write_text("")
-    async with Sandbox(config(required_level=Level.ISOLATED)) as sandbox:
+    refusing = config().model_copy(update={"required_level": Level.ISOLATED})
+    async with Sandbox(refusing) as sandbox:
         result = await sandbox.run(source + "\nprint('ran')", profile=PROFILE)
     error = result.error
     assert error is not None and error.kind is ErrorKind.ISOLATION_UNAVAILABLE

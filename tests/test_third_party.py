@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -97,3 +98,45 @@ class TestExampleConformance(BackendConformance):
     # Its limits are the subprocess mechanism's own, timed out in test_conformance.py already.
     test_cpu_loop_is_a_timeout = None  # type: ignore[assignment]
     test_wall_clock_timeout_and_nothing_left = None  # type: ignore[assignment]
+
+
+def test_installing_a_backend_does_not_make_it_default_on_a_tie(
+    example_installed: None, tmp_path: Path
+) -> None:
+    """No isolated backend works (a PATH without bwrap or a container engine): the example
+    backend and subprocess both reach process, and "example" sorts first by id, yet default
+    stays psych-sandbox's own, unless the deployment prefers the other."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {**os.environ, "PATH": str(empty)}
+    program = tmp_path / "program.py"
+    program.write_text("6 * 7\n")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "psych_sandbox_core.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=110,
+            env=env,
+            check=False,
+        )
+
+    completed = cli("run", "--json", str(program))
+    assert completed.returncode == 0, completed
+    assert json.loads(completed.stdout)["backend"]["id"] == "subprocess"
+    doctor = json.loads(cli("doctor", "--json").stdout)
+    default = next(row for row in doctor["profiles"] if row["name"] == "default")
+    assert default["backend"] == "subprocess"
+    assert "psych-sandbox's own backends come before third-party ones" in default["selected"]
+    order = default["selected"].split("then preference: ", 1)[1].split(")", 1)[0].split(", ")
+    assert order.index("subprocess") < order.index("example")
+
+    config = tmp_path / "deploy.toml"
+    config.write_text('backend_preference = ["example"]\n')
+    preferred = cli("run", "--json", "--config", str(config), str(program))
+    assert preferred.returncode == 0, preferred
+    assert json.loads(preferred.stdout)["backend"]["id"] == "example"
+    doctor = json.loads(cli("doctor", "--json", "--config", str(config)).stdout)
+    default = next(row for row in doctor["profiles"] if row["name"] == "default")
+    assert default["backend"] == "example" and "listed in backend_preference" in default["selected"]

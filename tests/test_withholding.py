@@ -80,9 +80,12 @@ def _sandbox(
 
 
 async def test_required_isolated_on_subprocess_never_runs(marker_dir: Path) -> None:
-    async with _sandbox(
-        {"strict": ProfileConfig(backend="subprocess", required_level=Level.ISOLATED)}
-    ) as box:
+    # The deployment's floor: every run below it is refused (a profile requiring more than
+    # its own backend can reach is a configuration error instead: test_config.py).
+    config = DeploymentConfig(
+        profiles={"strict": ProfileConfig(backend="subprocess")}, required_level=Level.ISOLATED
+    )
+    async with Sandbox(config) as box:
         result = await box.run(writes_marker(marker_dir), profile="strict")
     assert result.error is not None
     assert result.error.kind is ErrorKind.ISOLATION_UNAVAILABLE
