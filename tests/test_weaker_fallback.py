@@ -34,13 +34,16 @@ def without_isolation(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def secret() -> Iterator[Path]:
-    """A file of the host's that any user may read, outside every workspace, in a folder
-    where a program under any uid can leave a marker that it ran."""
+    """A file of the host's that any user may read, outside every workspace, beside a file
+    of the host's any uid may write, where a program leaves a mark that it ran. (The host
+    owns it: what a leased uid leaves in world-writable places is swept with the uid.)"""
     directory = Path(tempfile.mkdtemp(prefix="psych-secret-"))
-    directory.chmod(0o777)
+    directory.chmod(0o755)
     path = directory / "secret.txt"
     path.write_text("host secret 7f3a\n")
     path.chmod(0o644)
+    _marker(path).touch()
+    _marker(path).chmod(0o666)
     try:
         yield path
     finally:
@@ -63,7 +66,7 @@ def _program(tmp_path: Path, secret: Path) -> Path:
     program = tmp_path / "reads.py"
     program.write_text(
         f"print(open({str(secret)!r}).read().strip())\n"
-        f"open({str(_marker(secret))!r}, 'w').close()\n"
+        f"open({str(_marker(secret))!r}, 'w').write('ran')\n"
         "'done'\n"
     )
     return program
@@ -74,11 +77,10 @@ def _marker(secret: Path) -> Path:
 
 
 def _ran(secret: Path) -> bool:
-    """Whether the program left its marker; removes it for the next run (a program under
-    another leased uid could not replace it)."""
+    """Whether the program left its mark; clears it for the next run."""
     marker = _marker(secret)
-    found = marker.exists()
-    marker.unlink(missing_ok=True)
+    found = marker.read_text() == "ran"
+    marker.write_text("")
     return found
 
 
