@@ -46,6 +46,7 @@ def report(**overrides: Any) -> ContainmentReport:
 BOUNDARY = Mechanisms(
     filesystem_boundary=True,
     network_namespace=True,
+    ipc_namespace=True,
     process_tree_boundary=True,
     unprivileged_identity=True,
 )

@@ -60,6 +60,54 @@ def uids_of(pid: int) -> list[int]:
     raise AssertionError(f"no Uid line for {pid}")
 
 
+def status_of(pid: int) -> dict[str, str]:
+    """The fields of ``/proc/<pid>/status`` (State, PPid, TracerPid, Uid, ...), as the host's
+    /proc shows them (pids in the host's namespace)."""
+    with open(f"/proc/{pid}/status") as fh:
+        return {
+            name: value.strip() for name, _, value in (line.partition(":") for line in fh) if value
+        }
+
+
+def pids_running_as(uid: int) -> list[int]:
+    """Live (non-zombie) processes any of whose uids is ``uid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = status_of(int(entry))
+        except OSError:
+            continue
+        if status["State"][:1] not in ("Z", "X") and str(uid) in status["Uid"].split():
+            found.append(int(entry))
+    return found
+
+
+def memory_contains(pid: int, needle: bytes) -> bool:
+    """Whether ``needle`` is anywhere in the readable memory of ``pid``, read by the host
+    through /proc/<pid>/mem (needs the right to trace it: root, or the same unprivileged
+    identity)."""
+    chunk = 1 << 20
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            fields = line.split()
+            if not fields[1].startswith("r") or fields[-1] in ("[vvar]", "[vsyscall]"):
+                continue
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            tail = b""
+            for offset in range(start, end, chunk):
+                try:
+                    mem.seek(offset)
+                    data = tail + mem.read(min(chunk, end - offset))
+                except OSError:
+                    break
+                if needle in data:
+                    return True
+                tail = data[-len(needle) :]
+    return False
+
+
 def environ_of(pid: int) -> dict[str, str]:
     """The environment ``pid`` was started with, read by the host from the kernel."""
     with open(f"/proc/{pid}/environ", "rb") as fh:

@@ -1,0 +1,279 @@
+"""Nothing of a subprocess execution outlives it, whatever the program does to the processes
+the backend runs for it (the outer bootstrap and its pid namespace's init). Every verdict is
+the host's: its /proc, the ancestors' memory, state and limits, the namespace's members."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import textwrap
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from psych_sandbox_core import Sandbox
+from psych_sandbox_core.pid_namespace import members, namespace_of
+from psych_sandbox_core.testing.host import (
+    memory_contains,
+    pids_running_as,
+    status_of,
+)
+
+from .conftest import PROFILE, config, marker, pids_with, wait_for_pids
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(
+        not os.path.exists("/proc/self/ns/pid"), reason="pid namespaces are Linux's"
+    ),
+]
+
+#: How long the host keeps looking for a survivor after the run returned.
+RESCAN_SECONDS = 3.0
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def split(mark: str) -> str:
+    """``mark`` as an expression assembled inside the sandbox, so the host's own memory and
+    command lines (which carry the program text) never hold it whole."""
+    return f"({mark[:12]!r} + {mark[12:]!r})"
+
+
+def own_identities() -> dict[str, Any]:
+    """Options for a uid range of one, drawn at random: other hosts on this machine lease
+    from the default range, so only a uid of the test's own says whose a process is."""
+    return {"identity_first_uid": 1_900_000_000 + random.randrange(50_000_000), "identity_count": 1}
+
+
+@contextmanager
+def held_namespace(pid: int) -> Iterator[tuple[int, int]]:
+    """The pid namespace of ``pid``, held open so its identity stays its own (a freed
+    namespace's inode goes to the next namespace anyone creates)."""
+    fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        yield info.st_dev, info.st_ino
+    finally:
+        os.close(fd)
+
+
+def parent_of(pid: int) -> int:
+    return int(status_of(pid)["PPid"])
+
+
+def nofile_limit(pid: int) -> str:
+    with open(f"/proc/{pid}/limits") as fh:
+        return next(line for line in fh if line.startswith("Max open files"))
+
+
+#: What the program tries against its ancestors. Each step records how it failed, but the
+#: test never reads that: the host checks the ancestors themselves.
+ATTACK_ANCESTORS = """
+import ctypes, os, resource, signal, subprocess, sys
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+def status(pid):
+    with open(f"/proc/{pid}/status") as fh:
+        return dict(line.rstrip("\\n").split(":\\t", 1) for line in fh if ":\\t" in line)
+
+# The host's /proc shows the whole chain: this process, its namespace's init, the outer
+# bootstrap, each by its pid on the host.
+me = int(status("self")["NSpid"].split()[0])
+init = int(status(me)["PPid"])
+outer = int(status(init)["PPid"])
+# The bootstrap's arguments were in memory before it forked: the same address in all three.
+target = sys.argv[-1]
+address = id(target) + sys.getsizeof(target) - len(target) - 1
+tried = {}
+
+def attempt(name, step):
+    try:
+        step()
+        tried[name] = "done"
+    except Exception as exc:
+        tried[name] = repr(exc)
+
+def write_memory(pid):
+    with open(f"/proc/{pid}/mem", "r+b", buffering=0) as fh:
+        fh.seek(address)
+        fh.write(MEMORY_MARK)
+
+def trace(pid):
+    if libc.ptrace(16, pid, None, None) != 0:  # PTRACE_ATTACH, by this namespace's pid
+        raise OSError(ctypes.get_errno(), "ptrace")
+
+def signal_through_proc(pid, signum):
+    fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        signal.pidfd_send_signal(fd, signum)
+    finally:
+        os.close(fd)
+
+attempt("write the init's memory", lambda: write_memory(init))
+attempt("write the outer bootstrap's memory", lambda: write_memory(outer))
+attempt("trace the init", lambda: trace(1))
+attempt("stop the init", lambda: os.kill(1, signal.SIGSTOP))
+attempt("kill the init", lambda: os.kill(1, signal.SIGKILL))
+attempt("stop the init through /proc", lambda: signal_through_proc(init, signal.SIGSTOP))
+attempt("stop the outer bootstrap through /proc",
+        lambda: signal_through_proc(outer, signal.SIGSTOP))
+attempt("stop everything it can name", lambda: os.kill(-1, signal.SIGSTOP))
+attempt("limit the init", lambda: resource.prlimit(1, resource.RLIMIT_NOFILE, (7, 7)))
+# The host looks at the ancestors while this marked waiter lives, then kills it.
+subprocess.run([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", WAITER])
+tried
+"""
+
+
+async def test_the_program_cannot_write_trace_or_signal_its_ancestors() -> None:
+    waiter_mark = marker()
+    memory_mark = marker("psych-memory").encode()
+    program = (
+        f"MEMORY_MARK = {split(memory_mark.decode())}.encode()\n"
+        f"WAITER = {split(waiter_mark)}\n" + ATTACK_ANCESTORS
+    )
+    result: Any = None
+    async with Sandbox(config(wall_seconds=30.0)) as sandbox, anyio.create_task_group() as tg:
+
+        async def execution() -> None:
+            nonlocal result
+            result = await sandbox.run(program, profile=PROFILE)
+
+        tg.start_soon(execution)
+        (waiter,) = await wait_for_pids(waiter_mark)
+        attacker = parent_of(waiter)
+        init = parent_of(attacker)
+        outer = parent_of(init)
+        try:
+            assert parent_of(outer) == os.getpid(), "the outer bootstrap is the host's child"
+            # The scan works: the attacker itself holds the mark it tried to plant.
+            assert memory_contains(attacker, memory_mark)
+            for ancestor in (init, outer):
+                status = status_of(ancestor)
+                assert status["State"][:1] in ("S", "R"), status["State"]
+                assert status["TracerPid"] == "0"
+                assert not memory_contains(ancestor, memory_mark)
+            assert "7" not in nofile_limit(init).split()[3:5]
+            # And they are not the program's to own: another uid, or undumpable.
+            if os.geteuid() == 0:
+                program_uid = status_of(attacker)["Uid"].split()[0]
+                for ancestor in (init, outer):
+                    assert program_uid not in status_of(ancestor)["Uid"].split()
+        finally:
+            os.kill(waiter, signal.SIGKILL)
+    assert result.error is None, result.error
+    assert result.grades["process_tree"] == "enforced"
+    assert pids_with(waiter_mark) == []
+
+
+#: A program that does everything it can think of to keep something alive past teardown.
+OUTLIVE = """
+import ctypes, os, signal, subprocess, sys
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: its orphans come back to it, not to init
+
+# A daemon: setsid and a double fork, no parent-death signal, deaf to SIGTERM and SIGHUP,
+# undumpable, forking without pause (each child a new session) until something stops it.
+DAEMON = '''
+import ctypes, os, signal, time
+for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(signum, signal.SIG_IGN)
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+while True:
+    try:
+        child = os.fork()
+    except OSError:
+        time.sleep(0.01)
+        continue
+    if child == 0:
+        os.setsid()
+        time.sleep(0.05)
+        os._exit(0)
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+'''
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        libc.prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG: none
+        os.execv(sys.executable, [sys.executable, "-c", DAEMON, DAEMON_MARK])
+    os._exit(0)
+os.wait()
+
+# A child in the program's own group that ignores SIGTERM.
+def deaf():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", STUBBORN],
+                 preexec_fn=deaf)
+
+# Its ancestors, by every name it has for them.
+for attempt in (lambda: os.kill(1, signal.SIGSTOP),
+                lambda: libc.ptrace(16, 1, None, None)):
+    try:
+        attempt()
+    except OSError:
+        pass
+
+# Hand over to the host, which kills this marked waiter once it has seen the rest.
+subprocess.run([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", WAITER])
+"done"
+"""
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_nothing_outlives_a_program_that_tries_to_survive_teardown() -> None:
+    marks = {"DAEMON_MARK": marker(), "STUBBORN": marker(), "WAITER": marker()}
+    program = "".join(f"{name} = {split(mark)}\n" for name, mark in marks.items()) + OUTLIVE
+    with ExitStack() as hold:
+        await _outlive(program, marks, hold)
+
+
+async def _outlive(program: str, marks: dict[str, str], hold: ExitStack) -> None:
+    result: Any = None
+    async with Sandbox(config(wall_seconds=30.0, options=own_identities())) as sandbox:
+        async with anyio.create_task_group() as tg:
+
+            async def execution() -> None:
+                nonlocal result
+                result = await sandbox.run(program, profile=PROFILE)
+
+            tg.start_soon(execution)
+            (waiter,) = await wait_for_pids(marks["WAITER"])
+            try:
+                await wait_for_pids(marks["DAEMON_MARK"])
+                await wait_for_pids(marks["STUBBORN"])
+                namespace = hold.enter_context(held_namespace(waiter))
+                uid = int(status_of(waiter)["Uid"].split()[0])
+                assert namespace != namespace_of(os.getpid())
+                assert len(members(namespace)) >= 4  # init, program, daemon, deaf child
+            finally:
+                os.kill(waiter, signal.SIGKILL)
+        # The run has returned: its teardown is over, and nothing of it is left.
+        assert result.error is None, result.error
+        assert result.return_value == "done"
+        assert members(namespace) == []
+        assert [pid for mark in marks.values() for pid in pids_with(mark)] == []
+        if os.geteuid() == 0:  # the uid is the execution's own only on a root host
+            assert pids_running_as(uid) == []
+        # And nothing comes back seconds later (there is no event for a process that does
+        # not exist, so the host rescans until the deadline).
+        with anyio.move_on_after(RESCAN_SECONDS):
+            while True:
+                assert members(namespace) == []
+                assert [pid for mark in marks.values() for pid in pids_with(mark)] == []
+                if os.geteuid() == 0:
+                    assert pids_running_as(uid) == []
+                await anyio.sleep(0.1)
