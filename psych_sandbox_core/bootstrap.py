@@ -1155,17 +1155,26 @@ def _pid_namespace_init(libc, init_report):
     report_read, report_write = os.pipe()
     init = os.fork()
     if init:
-        os.close(report_write)
+        # Never past this point, whatever fails (an unprivileged host's program may change
+        # its init's limits, and so make it fail): the outer process and the init only exit,
+        # and the init's exit ends the namespace.
+        try:
+            os.close(report_write)
+            if init_report is not None:
+                _hand_over_init(init, init_report)
+            _exit_like(init, report_read)
+        finally:
+            os._exit(70)
+    try:
+        os.close(report_read)
         if init_report is not None:
-            _hand_over_init(init, init_report)
-        _exit_like(init, report_read)
-    os.close(report_read)
-    if init_report is not None:
-        os.close(init_report)  # the program's process must never hold it
-    die_with_parent()
-    program = os.fork()
-    if program:
-        _reap_as_init(program, report_write)
+            os.close(init_report)  # the program's process must never hold it
+        die_with_parent()
+        program = os.fork()
+        if program:
+            _reap_as_init(program, report_write)
+    except BaseException:
+        os._exit(70)
     os.close(report_write)
     die_with_parent()
 

@@ -107,10 +107,8 @@ class SubprocessBackend(Backend):
             return "the subprocess backend needs a POSIX host"
         return None
 
-    def mechanisms(self, *, namespace_held: bool = True) -> Mechanisms:
-        """What an execution gets; ``namespace_held`` is whether the host holds the init of
-        its pid namespace (it kills the namespace itself only then)."""
-        pid_namespace = bool(self.namespaces & CLONE_NEWPID) and namespace_held
+    def mechanisms(self) -> Mechanisms:
+        pid_namespace = bool(self.namespaces & CLONE_NEWPID)
         return Mechanisms(
             network_namespace=bool(self.namespaces & CLONE_NEWNET),
             ipc_namespace=bool(self.namespaces & CLONE_NEWIPC),
@@ -190,12 +188,12 @@ class SubprocessBackend(Backend):
                         f"the bootstrap did not report its pid namespace within "
                         f"{INIT_REPORT_SECONDS:g} s"
                     ) from None
-            launched = _Launched(
-                process,
-                channel,
-                self.mechanisms(namespace_held=namespace is not None),
-                namespace,
-            )
+            mechanisms = self.mechanisms()
+            if report is not None and namespace is None:
+                # Not handed over (no pidfds there): the namespace still dies with the outer
+                # process, but the host cannot kill or check it itself.
+                mechanisms = mechanisms.model_copy(update={"process_tree_boundary": False})
+            launched = _Launched(process, channel, mechanisms, namespace)
             launched.workspace_path = workspace
             yield launched
         finally:

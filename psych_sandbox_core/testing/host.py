@@ -84,30 +84,6 @@ def pids_running_as(uid: int) -> list[int]:
     return found
 
 
-def memory_contains(pid: int, needle: bytes) -> bool:
-    """Whether ``needle`` is anywhere in the readable memory of ``pid``, read by the host
-    through /proc/<pid>/mem (needs the right to trace it: root, or the same unprivileged
-    identity)."""
-    chunk = 1 << 20
-    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
-        for line in maps:
-            fields = line.split()
-            if not fields[1].startswith("r") or fields[-1] in ("[vvar]", "[vsyscall]"):
-                continue
-            start, end = (int(bound, 16) for bound in fields[0].split("-"))
-            tail = b""
-            for offset in range(start, end, chunk):
-                try:
-                    mem.seek(offset)
-                    data = tail + mem.read(min(chunk, end - offset))
-                except OSError:
-                    break
-                if needle in data:
-                    return True
-                tail = data[-len(needle) :]
-    return False
-
-
 def environ_of(pid: int) -> dict[str, str]:
     """The environment ``pid`` was started with, read by the host from the kernel."""
     with open(f"/proc/{pid}/environ", "rb") as fh:
