@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
+import subprocess
 import textwrap
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -282,3 +284,72 @@ async def _outlive(program: str, marks: dict[str, str], hold: ExitStack) -> None
                 if os.geteuid() == 0:
                     assert pids_running_as(uid) == []
                 await anyio.sleep(0.1)
+
+
+#: SysV objects of every kind, left behind on purpose (never removed).
+LEAVE_IPC_OBJECTS = """
+import ctypes, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+IPC_CREAT = 0o1000
+made = [libc.shmget(KEY, 4096, IPC_CREAT | 0o666), libc.semget(KEY, 1, IPC_CREAT | 0o666),
+        libc.msgget(KEY, IPC_CREAT | 0o666)]
+subprocess.run([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", WAITER])
+made
+"""
+
+
+def sysv_keys(text: str) -> set[int]:
+    """The keys of a /proc/sysvipc table (header first, the key in the first column)."""
+    return {int(line.split()[0]) for line in text.splitlines()[1:] if line.strip()}
+
+
+def host_sysv_keys() -> set[int]:
+    keys: set[int] = set()
+    for table in ("shm", "sem", "msg"):
+        with open(f"/proc/sysvipc/{table}") as fh:
+            keys |= sysv_keys(fh.read())
+    return keys
+
+
+def sysv_keys_inside(pid: int) -> set[int]:
+    """The SysV keys the IPC namespace of ``pid`` holds, read by entering it (and its user
+    namespace, which an unprivileged host owns)."""
+    entered = ["--ipc"] if os.geteuid() == 0 else ["--user", "--preserve-credentials", "--ipc"]
+    keys: set[int] = set()
+    for table in ("shm", "sem", "msg"):
+        completed = subprocess.run(
+            ["nsenter", "-t", str(pid), *entered, "cat", f"/proc/sysvipc/{table}"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        keys |= sysv_keys(completed.stdout)
+    return keys
+
+
+async def test_sysv_objects_die_with_their_execution() -> None:
+    if not shutil.which("nsenter"):
+        pytest.skip("nsenter (util-linux) is needed to look inside the execution's namespace")
+    key = random.randrange(1 << 20, 1 << 30)
+    waiter_mark = marker()
+    program = f"KEY = {key}\nWAITER = {split(waiter_mark)}\n" + LEAVE_IPC_OBJECTS
+    result: Any = None
+    async with Sandbox(config(wall_seconds=30.0)) as sandbox, anyio.create_task_group() as tg:
+
+        async def execution() -> None:
+            nonlocal result
+            result = await sandbox.run(program, profile=PROFILE)
+
+        tg.start_soon(execution)
+        (waiter,) = await wait_for_pids(waiter_mark)
+        try:
+            # The objects exist (the control), in the execution's namespace and not the host's.
+            assert key in await anyio.to_thread.run_sync(sysv_keys_inside, waiter)
+            assert key not in host_sysv_keys()
+        finally:
+            os.kill(waiter, signal.SIGKILL)
+    assert result.error is None, result.error
+    assert all(handle >= 0 for handle in result.return_value)
+    assert key not in host_sysv_keys()
+    assert result.grades["identity"] == ("enforced" if os.geteuid() == 0 else "unavailable")
