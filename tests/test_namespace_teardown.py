@@ -4,6 +4,7 @@ the host's: its /proc, the ancestors' memory, state and limits, the namespace's 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -19,6 +20,11 @@ import pytest
 
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core.pid_namespace import members, namespace_of
+from psych_sandbox_core.testing.as_user import (
+    SYSTEM_PYTHON,
+    staged_environment,
+    unprivileged_user,
+)
 from psych_sandbox_core.testing.host import pids_running_as, status_of
 
 from .conftest import PROFILE, config, marker, pids_with, wait_for_pids
@@ -132,19 +138,48 @@ attempt("stop the outer bootstrap through /proc",
         lambda: signal_through_proc(outer, signal.SIGSTOP))
 attempt("stop everything it can name", lambda: os.kill(-1, signal.SIGSTOP))
 attempt("limit the init", lambda: resource.prlimit(1, resource.RLIMIT_NOFILE, (7, 7)))
-# The host looks at the ancestors while this marked waiter lives, then kills it.
+"""
+#: The host looks at the ancestors while this marked waiter lives, then kills it.
+WAIT_FOR_THE_HOST = """
 subprocess.run([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", WAITER])
-tried
 """
 
 
-async def test_the_program_cannot_write_trace_or_signal_its_ancestors() -> None:
-    waiter_mark = marker()
-    memory_mark = marker("psych-memory").encode()
-    program = (
-        f"MEMORY_MARK = {split(memory_mark.decode())}.encode()\n"
-        f"WAITER = {split(waiter_mark)}\n" + ATTACK_ANCESTORS
+def attack(marks: dict[str, str]) -> str:
+    """The ancestors attack, with its marks assembled inside the sandbox."""
+    return (
+        f"MEMORY_MARK = {split(marks['MEMORY_MARK'])}.encode()\n"
+        f"WAITER = {split(marks['WAITER'])}\n" + ATTACK_ANCESTORS
     )
+
+
+def check_ancestors(waiter: int, memory_mark: str) -> tuple[int, int, int]:
+    """Judge the attack from the host while the program's waiter lives; return the program's
+    process, its namespace's init and the outer bootstrap."""
+    attacker = parent_of(waiter)
+    init = parent_of(attacker)
+    outer = parent_of(init)
+    # The write works where it is allowed: the attacker's own command line has the mark.
+    assert memory_mark.encode() in command_line(attacker)
+    for ancestor in (init, outer):
+        status = status_of(ancestor)
+        assert status["State"][:1] in ("S", "R"), status["State"]
+        assert status["TracerPid"] == "0"
+        assert memory_mark.encode() not in command_line(ancestor)
+    # And they are not the program's to own: another uid, or undumpable. (An unprivileged
+    # host's program shares its init's uid, so it may change the init's limits: that can
+    # only end its namespace sooner, as the teardown checks show.)
+    program_uid = status_of(attacker)["Uid"].split()[0]
+    if program_uid != status_of(outer)["Uid"].split()[0]:
+        assert "7" not in nofile_limit(init).split()[3:5]
+        for ancestor in (init, outer):
+            assert program_uid not in status_of(ancestor)["Uid"].split()
+    return attacker, init, outer
+
+
+async def test_the_program_cannot_write_trace_or_signal_its_ancestors() -> None:
+    marks = {"MEMORY_MARK": marker("psych-memory"), "WAITER": marker()}
+    program = attack(marks) + WAIT_FOR_THE_HOST + "tried\n"
     result: Any = None
     async with Sandbox(config(wall_seconds=30.0)) as sandbox, anyio.create_task_group() as tg:
 
@@ -153,36 +188,22 @@ async def test_the_program_cannot_write_trace_or_signal_its_ancestors() -> None:
             result = await sandbox.run(program, profile=PROFILE)
 
         tg.start_soon(execution)
-        (waiter,) = await wait_for_pids(waiter_mark)
-        attacker = parent_of(waiter)
-        init = parent_of(attacker)
-        outer = parent_of(init)
+        (waiter,) = await wait_for_pids(marks["WAITER"])
         try:
+            _, _, outer = check_ancestors(waiter, marks["MEMORY_MARK"])
             assert parent_of(outer) == os.getpid(), "the outer bootstrap is the host's child"
-            # The write works where it is allowed: the attacker's own command line has the mark.
-            assert memory_mark in command_line(attacker)
-            for ancestor in (init, outer):
-                status = status_of(ancestor)
-                assert status["State"][:1] in ("S", "R"), status["State"]
-                assert status["TracerPid"] == "0"
-                assert memory_mark not in command_line(ancestor)
-            # And they are not the program's to own: another uid, or undumpable. (An
-            # unprivileged host's program shares its init's uid, so it may change the init's
-            # limits: that can only end its namespace sooner, as the teardown check shows.)
             if os.geteuid() == 0:
-                assert "7" not in nofile_limit(init).split()[3:5]
-                program_uid = status_of(attacker)["Uid"].split()[0]
-                for ancestor in (init, outer):
-                    assert program_uid not in status_of(ancestor)["Uid"].split()
+                assert status_of(outer)["Uid"].split()[0] == "0"
         finally:
             os.kill(waiter, signal.SIGKILL)
     assert result.error is None, result.error
     assert result.grades["process_tree"] == "enforced"
-    assert pids_with(waiter_mark) == []
+    assert pids_with(marks["WAITER"]) == []
 
 
 #: A program that does everything it can think of to keep something alive past teardown.
-OUTLIVE = """
+OUTLIVE = (
+    """
 import ctypes, os, signal, subprocess, sys
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -235,55 +256,135 @@ for attempt in (lambda: os.kill(1, signal.SIGSTOP),
         pass
 
 # Hand over to the host, which kills this marked waiter once it has seen the rest.
-subprocess.run([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", WAITER])
+"""
+    + WAIT_FOR_THE_HOST
+    + """
 "done"
 """
+)
+
+
+def outlive(marks: dict[str, str]) -> str:
+    return "".join(f"{name} = {split(marks[name])}\n" for name in SURVIVORS) + OUTLIVE
+
+
+#: The marks of what OUTLIVE leaves running, and of its waiter.
+SURVIVORS = ("DAEMON_MARK", "STUBBORN", "WAITER")
+
+
+async def hold_survivors(marks: dict[str, str], hold: ExitStack) -> tuple[tuple[int, int], int]:
+    """Once everything OUTLIVE starts is running, the execution's namespace (held open for
+    the rest of the test) and the uid it runs as; then kill the waiter."""
+    (waiter,) = await wait_for_pids(marks["WAITER"])
+    try:
+        await wait_for_pids(marks["DAEMON_MARK"])
+        await wait_for_pids(marks["STUBBORN"])
+        namespace = hold.enter_context(held_namespace(waiter))
+        assert namespace != namespace_of(os.getpid())
+        assert len(members(namespace)) >= 4  # init, program, daemon, deaf child
+        return namespace, int(status_of(waiter)["Uid"].split()[0])
+    finally:
+        os.kill(waiter, signal.SIGKILL)
+
+
+async def assert_nothing_left(namespace: tuple[int, int], marks: dict[str, str], uid: int) -> None:
+    """Nothing in the namespace, nothing carrying a mark, nothing running as ``uid``: at once,
+    and still seconds later (there is no event for a process that does not exist, so the host
+    rescans until the deadline)."""
+
+    def check() -> None:
+        assert members(namespace) == []
+        assert [pid for mark in marks.values() for pid in pids_with(mark)] == []
+        assert pids_running_as(uid) == []
+
+    check()
+    with anyio.move_on_after(RESCAN_SECONDS):
+        while True:
+            await anyio.sleep(0.1)
+            check()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_nothing_outlives_a_program_that_tries_to_survive_teardown() -> None:
-    marks = {"DAEMON_MARK": marker(), "STUBBORN": marker(), "WAITER": marker()}
-    program = "".join(f"{name} = {split(mark)}\n" for name, mark in marks.items()) + OUTLIVE
-    with ExitStack() as hold:
-        await _outlive(program, marks, hold)
-
-
-async def _outlive(program: str, marks: dict[str, str], hold: ExitStack) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only a root host runs an execution as a uid of its own to look for")
+    marks = {name: marker() for name in SURVIVORS}
     result: Any = None
-    async with Sandbox(config(wall_seconds=30.0, options=own_identities())) as sandbox:
+    with ExitStack() as hold:
+        async with Sandbox(config(wall_seconds=30.0, options=own_identities())) as sandbox:
+            async with anyio.create_task_group() as tg:
+
+                async def execution() -> None:
+                    nonlocal result
+                    result = await sandbox.run(outlive(marks), profile=PROFILE)
+
+                tg.start_soon(execution)
+                namespace, uid = await hold_survivors(marks, hold)
+            # The run has returned: its teardown is over, and nothing of it is left.
+            assert result.error is None, result.error
+            assert result.return_value == "done"
+            await assert_nothing_left(namespace, marks, uid)
+
+
+#: A host run as an unprivileged user (by the root test): one execution, its result as JSON.
+UNPRIVILEGED_HOST = """
+import json, site, sys
+site.addsitedir(sys.argv[1])
+import anyio
+from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+
+async def main():
+    profile = ProfileConfig(backend="subprocess", limits=ExecutionLimits(wall_seconds=60.0))
+    async with Sandbox(DeploymentConfig(profiles={"p": profile})) as sandbox:
+        result = await sandbox.run(sys.argv[2], profile="p")
+    error = None if result.error is None else [result.error.kind.value, result.error.message]
+    print(json.dumps({"error": error, "grades": result.grades, "value": result.return_value}))
+
+anyio.run(main)
+"""
+
+
+async def test_an_unprivileged_host_keeps_its_ancestors_out_of_reach_and_nothing_survives() -> None:
+    # The program shares every uid with the processes that run it here; only undumpable
+    # ancestors and its pid namespace keep them out of its reach. Judged by this (root) test.
+    if os.geteuid() != 0:
+        pytest.skip("the test runs the host as another user, so it must start as root")
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.skip(f"no system interpreter {SYSTEM_PYTHON} for the unprivileged host")
+    uid, gid = unprivileged_user("psych-sandbox-test")
+    staged = staged_environment(
+        editable=("psych_sandbox_core",),
+        leave_out=("psych_sandbox_bwrap", "psych_sandbox_docker", "psych_sandbox_example"),
+    )
+    marks = {name: marker() for name in SURVIVORS}
+    marks["MEMORY_MARK"] = marker("psych-memory")
+    program = attack(marks) + outlive(marks)
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", SYSTEM_PYTHON, "-I"]
+    completed: Any = None
+    with ExitStack() as hold:
         async with anyio.create_task_group() as tg:
 
-            async def execution() -> None:
-                nonlocal result
-                result = await sandbox.run(program, profile=PROFILE)
+            async def host() -> None:
+                nonlocal completed
+                completed = await anyio.run_process(
+                    [*argv, "-c", UNPRIVILEGED_HOST, str(staged / "site"), program],
+                    check=False,
+                    cwd="/",
+                )
 
-            tg.start_soon(execution)
+            tg.start_soon(host)
             (waiter,) = await wait_for_pids(marks["WAITER"])
-            try:
-                await wait_for_pids(marks["DAEMON_MARK"])
-                await wait_for_pids(marks["STUBBORN"])
-                namespace = hold.enter_context(held_namespace(waiter))
-                uid = int(status_of(waiter)["Uid"].split()[0])
-                assert namespace != namespace_of(os.getpid())
-                assert len(members(namespace)) >= 4  # init, program, daemon, deaf child
-            finally:
-                os.kill(waiter, signal.SIGKILL)
-        # The run has returned: its teardown is over, and nothing of it is left.
-        assert result.error is None, result.error
-        assert result.return_value == "done"
-        assert members(namespace) == []
-        assert [pid for mark in marks.values() for pid in pids_with(mark)] == []
-        if os.geteuid() == 0:  # the uid is the execution's own only on a root host
-            assert pids_running_as(uid) == []
-        # And nothing comes back seconds later (there is no event for a process that does
-        # not exist, so the host rescans until the deadline).
-        with anyio.move_on_after(RESCAN_SECONDS):
-            while True:
-                assert members(namespace) == []
-                assert [pid for mark in marks.values() for pid in pids_with(mark)] == []
-                if os.geteuid() == 0:
-                    assert pids_running_as(uid) == []
-                await anyio.sleep(0.1)
+            _, _, outer = check_ancestors(waiter, marks["MEMORY_MARK"])
+            assert status_of(outer)["Uid"].split()[0] == str(uid), "the host is unprivileged"
+            namespace, program_uid = await hold_survivors(marks, hold)
+        assert completed.returncode == 0, completed.stderr.decode(errors="replace")
+        report = json.loads(completed.stdout)
+        assert report["error"] is None, report
+        assert report["value"] == "done"
+        assert report["grades"]["process_tree"] == "enforced"
+        assert program_uid == uid
+        # The host has exited too: nothing at all may run as its user now.
+        await assert_nothing_left(namespace, marks, uid)
 
 
 #: SysV objects of every kind, left behind on purpose (never removed).
