@@ -1159,6 +1159,11 @@ def _pid_namespace_init(libc, init_report):
         # its init's limits, and so make it fail): the outer process and the init only exit,
         # and the init's exit ends the namespace.
         try:
+            # The host's SIGTERM to the group is for the program: this process outlives it to
+            # reap the init (an init orphaned by its parent is left for the system to reap).
+            import _signal
+
+            _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
             os.close(report_write)
             if init_report is not None:
                 _hand_over_init(init, init_report)

@@ -99,7 +99,8 @@ def namespace_of(pid: int | str) -> tuple[int, int] | None:
 
 
 def members(identity: tuple[int, int]) -> list[int]:
-    """Live processes whose pid namespace is ``identity``, seen from the host's /proc."""
+    """Processes (zombies included) whose pid namespace is ``identity``, seen from the host's
+    /proc."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and namespace_of(entry) == identity:

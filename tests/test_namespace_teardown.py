@@ -272,9 +272,11 @@ def outlive(marks: dict[str, str]) -> str:
 SURVIVORS = ("DAEMON_MARK", "STUBBORN", "WAITER")
 
 
-async def hold_survivors(marks: dict[str, str], hold: ExitStack) -> tuple[tuple[int, int], int]:
+async def hold_survivors(
+    marks: dict[str, str], hold: ExitStack, *, release: bool = True
+) -> tuple[tuple[int, int], int]:
     """Once everything OUTLIVE starts is running, the execution's namespace (held open for
-    the rest of the test) and the uid it runs as; then kill the waiter."""
+    the rest of the test) and the uid it runs as; then kill the waiter, if ``release``."""
     (waiter,) = await wait_for_pids(marks["WAITER"])
     try:
         await wait_for_pids(marks["DAEMON_MARK"])
@@ -284,7 +286,8 @@ async def hold_survivors(marks: dict[str, str], hold: ExitStack) -> tuple[tuple[
         assert len(members(namespace)) >= 4  # init, program, daemon, deaf child
         return namespace, int(status_of(waiter)["Uid"].split()[0])
     finally:
-        os.kill(waiter, signal.SIGKILL)
+        if release:
+            os.kill(waiter, signal.SIGKILL)
 
 
 async def assert_nothing_left(namespace: tuple[int, int], marks: dict[str, str], uid: int) -> None:
@@ -293,6 +296,7 @@ async def assert_nothing_left(namespace: tuple[int, int], marks: dict[str, str],
     rescans until the deadline)."""
 
     def check() -> None:
+        # Zombies count: an init orphaned by its parent would linger until the system reaps it.
         assert members(namespace) == []
         assert [pid for mark in marks.values() for pid in pids_with(mark)] == []
         assert pids_running_as(uid) == []
@@ -305,24 +309,34 @@ async def assert_nothing_left(namespace: tuple[int, int], marks: dict[str, str],
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
-async def test_nothing_outlives_a_program_that_tries_to_survive_teardown() -> None:
+@pytest.mark.parametrize("ending", ["returns", "times_out", "is_cancelled"])
+async def test_nothing_outlives_a_program_that_tries_to_survive_teardown(ending: str) -> None:
     if os.geteuid() != 0:
         pytest.skip("only a root host runs an execution as a uid of its own to look for")
     marks = {name: marker() for name in SURVIVORS}
+    # Long enough for everything to start on a loaded machine; only the timeout waits it out.
+    wall_seconds = 8.0 if ending == "times_out" else 60.0
     result: Any = None
     with ExitStack() as hold:
-        async with Sandbox(config(wall_seconds=30.0, options=own_identities())) as sandbox:
+        async with Sandbox(config(wall_seconds=wall_seconds, options=own_identities())) as box:
             async with anyio.create_task_group() as tg:
 
                 async def execution() -> None:
                     nonlocal result
-                    result = await sandbox.run(outlive(marks), profile=PROFILE)
+                    result = await box.run(outlive(marks), profile=PROFILE)
 
                 tg.start_soon(execution)
-                namespace, uid = await hold_survivors(marks, hold)
-            # The run has returned: its teardown is over, and nothing of it is left.
-            assert result.error is None, result.error
-            assert result.return_value == "done"
+                namespace, uid = await hold_survivors(marks, hold, release=ending == "returns")
+                if ending == "is_cancelled":
+                    tg.cancel_scope.cancel()
+            # The run has ended: its teardown is over, and nothing of it is left.
+            if ending == "returns":
+                assert result.error is None, result.error
+                assert result.return_value == "done"
+            elif ending == "times_out":
+                assert result.error is not None and result.error.kind.value == "timeout"
+            else:
+                assert result is None  # the caller's cancellation ended the run
             await assert_nothing_left(namespace, marks, uid)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -200,9 +201,8 @@ class SubprocessBackend(Backend):
             # Shielded: a cancelled run must still reap, close and remove its workspace.
             with anyio.CancelScope(shield=True):
                 emptied = False
-                if namespace is not None:
-                    namespace.kill()
                 if process is not None:
+                    await _kill(process, namespace)
                     await process.aclose()
                 if namespace is not None:
                     emptied = await namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS)
@@ -246,18 +246,29 @@ class _Launched(Launched):
         await self.process.wait_exited()
 
     async def terminate(self, grace_seconds: float) -> None:
-        await self.process.terminate(grace_seconds)
+        self.process.signal_group(signal.SIGTERM)
+        with anyio.move_on_after(grace_seconds):
+            await self.process.wait_exited()
+        await _kill(self.process, self._namespace)
 
     async def finish(self) -> ExitStatus:
-        # The namespace first, by the init's pidfd: whatever the program did to its process
-        # group and sessions, everything in the namespace dies with its init. Teardown ends
-        # only once the namespace is seen empty (or its deadline passed; see launch()).
-        if self._namespace is not None:
-            self._namespace.kill()
+        await _kill(self.process, self._namespace)
         status = await self.process.kill_and_reap()
         if self._namespace is not None:
             await self._namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS)
         return status
+
+
+async def _kill(process: ManagedProcess, namespace: PidNamespace | None) -> None:
+    """Kill everything of the execution. The namespace first, by the init's pidfd: whatever the
+    program did to its process group and sessions, everything in the namespace dies with its
+    init; the outer process then reaps the init and exits (it ignores the group's SIGTERM), so
+    no init is left for the system to reap. Then SIGKILL to the group, for whatever is left."""
+    if namespace is not None:
+        namespace.kill()
+        with anyio.move_on_after(NAMESPACE_TEARDOWN_SECONDS):
+            await process.wait_exited()
+    process.signal_group(signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- namespaces and identity
