@@ -1161,7 +1161,7 @@ def _pid_namespace_init(libc, init_report):
         try:
             # The host's SIGTERM to the group is for the program: this process outlives it to
             # reap the init (an init orphaned by its parent is left for the system to reap).
-            import _signal
+            import _signal  # type: ignore[import-not-found]  # (the C module: no enum import)
 
             _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
             os.close(report_write)
