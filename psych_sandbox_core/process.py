@@ -93,9 +93,12 @@ class ManagedProcess:
         # The child never writes to these directions; shutting them makes intent explicit.
         out_host.shutdown(socket.SHUT_WR)
         err_host.shutdown(socket.SHUT_WR)
-        stdout = SocketStream.from_socket(out_host)
-        stderr = SocketStream.from_socket(err_host)
-        return cls(popen, await stdout, await stderr)
+        # Shielded: a child that exists must reach the caller, whose teardown reaps it; cut
+        # off here it would run on, unreaped, holding its streams.
+        with anyio.CancelScope(shield=True):
+            stdout = await SocketStream.from_socket(out_host)
+            stderr = await SocketStream.from_socket(err_host)
+        return cls(popen, stdout, stderr)
 
     async def wait_exited(self) -> None:
         """Return once the direct child has exited, without reaping it (its pid stays ours)."""
