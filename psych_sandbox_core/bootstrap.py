@@ -1087,9 +1087,16 @@ def send_artifacts(channel, request, workspace):
         sender.skip(".", "unreadable")
 
 
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+SIGKILL = 9
+
+
 def _contain(spec):
     """Containment the bootstrap applies to itself first, before any program exists: unshare
-    namespaces, drop to an unprivileged identity, then die with the host.
+    namespaces, put itself out of the program's reach, then die with the host. Returns libc
+    and the identity only the program's own process takes (see _become_program).
 
     This is what a pre-exec step would do, done here so the host can spawn with vfork
     instead of copying its own address space for every execution. Any failure exits: the
@@ -1101,18 +1108,15 @@ def _contain(spec):
     libc = ctypes.CDLL(None, use_errno=True)
     if int(flags) and libc.unshare(int(flags)) != 0:
         raise SystemExit(f"psych-sandbox bootstrap: unshare failed (errno {ctypes.get_errno()})")
-    if uid:
-        os.setgroups([])
-        os.setresgid(int(gid), int(gid), int(gid))
-        os.setresuid(int(uid), int(uid), int(uid))
-        # Changing identity without exec leaves the process undumpable, which hands its own
-        # /proc entries to root; the program must see them as if it had been exec'd as uid.
-        libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
-    # Only now: changing credentials clears the parent-death signal.
-    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    # This process and the namespace's init it forks are ours, not the program's: undumpable,
+    # no process of the program can trace them or read or write their memory, even where it
+    # shares their uid (an unprivileged host) and holds capabilities in their user namespace
+    # (the check is made against the user namespace they were exec'd in, the host's).
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
     if host_pid and os.getppid() != int(host_pid):
         os._exit(1)  # the host died before we could tie ourselves to it
-    return libc
+    return libc, ((int(uid), int(gid)) if uid else None)
 
 
 def _join_cgroup(spec):
@@ -1132,32 +1136,95 @@ def _join_cgroup(spec):
             os.close(fd)
 
 
-def _pid_namespace_init(libc):
+def _become_program(libc, identity):
+    """Make this process the program's: its identity (on a root host only this process drops
+    it, so the init and the outer process stay root, out of its reach), no way back to
+    privilege through a set-uid file, and death with its parent."""
+    if identity is not None:
+        uid, gid = identity
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    # Dumpable again: the program's own /proc entries must be its own, as if it had been
+    # exec'd as its uid (changing identity, or the parent's setting, left it undumpable).
+    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    # Only now: changing credentials clears the parent-death signal.
+    libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
+
+
+def _pid_namespace_init(libc, init_report):
     """Split into an outer waiter, an init for the new pid namespace, and the program's process.
 
     The bootstrap unshared a pid namespace, so its children live in it. The first child is its
     init: when it exits the kernel kills everything left in the namespace, including
     descendants that called setsid. Init ignores default-disposition signals, so the program
-    runs one level further down, where a CPU-limit signal still kills it.
+    runs one level further down, where a CPU-limit signal still kills it. The outer process
+    hands the host a pidfd on the init before the program's process exists (_hand_over_init),
+    so the host kills the namespace itself at teardown.
     """
 
     def die_with_parent():
-        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+        libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
 
     # Init reports the program's exact wait status on this pipe: an exit code alone could
     # not tell "exited with 152" from "killed by SIGXCPU".
     report_read, report_write = os.pipe()
     init = os.fork()
     if init:
-        os.close(report_write)
-        _exit_like(init, report_read)
-    os.close(report_read)
-    die_with_parent()
-    program = os.fork()
-    if program:
-        _reap_as_init(program, report_write)
+        # Never past this point, whatever fails (an unprivileged host's program may change
+        # its init's limits, and so make it fail): the outer process and the init only exit,
+        # and the init's exit ends the namespace.
+        try:
+            # The host's SIGTERM to the group is for the program: this process outlives it to
+            # reap the init (an init orphaned by its parent is left for the system to reap).
+            import _signal  # type: ignore[import-not-found]  # (the C module: no enum import)
+
+            _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
+            os.close(report_write)
+            if init_report is not None:
+                _hand_over_init(init, init_report)
+            _exit_like(init, report_read)
+        finally:
+            os._exit(70)
+    try:
+        os.close(report_read)
+        if init_report is not None:
+            os.close(init_report)  # the program's process must never hold it
+        die_with_parent()
+        program = os.fork()
+        if program:
+            _reap_as_init(program, report_write)
+    except BaseException:
+        os._exit(70)
     os.close(report_write)
     die_with_parent()
+
+
+def _hand_over_init(pid, report):
+    """Send the host the namespace (an open descriptor, so its identity cannot be reused by
+    another namespace while the host holds it) and a pidfd on the init, then close ``report``.
+
+    Opened here, by the init's parent, while the init cannot yet have been reaped: the pidfd
+    names that process and no other. Without pidfds the host gets the namespace alone."""
+    fds = []
+    try:
+        fds.append(os.open("/proc/self/ns/pid_for_children", os.O_RDONLY | os.O_CLOEXEC))
+        fds.append(os.pidfd_open(pid))
+    except (AttributeError, OSError):
+        pass
+    try:
+        data = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+        ancillary = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, data)] if fds else []
+        sock = _socket.socket(fileno=report)
+        try:
+            sock.sendmsg([str(pid).encode("ascii")], ancillary)
+        finally:
+            sock.close()
+    except OSError:
+        pass  # the host is gone or gave up; it sees no report and tears down without it
+    for fd in fds:
+        os.close(fd)
 
 
 def _exit_like(pid, report):
@@ -1213,13 +1280,22 @@ def main(argv):
     probe_config = json_loads(options.get("probe") or "{}")
     if options.get("cgroup"):
         _join_cgroup(options["cgroup"])
-    libc = _contain(options["contain"]) if options.get("contain") else None
-    if options.get("pid-namespace") == "1":
-        if libc is None:
-            import ctypes
+    init_report = options.get("init-report")
+    if options.get("contain"):
+        libc, identity = _contain(options["contain"])
+        if options.get("pid-namespace") == "1":
+            _pid_namespace_init(libc, int(init_report) if init_report else None)
+        elif init_report:
+            os.close(int(init_report))
+        _become_program(libc, identity)
+    elif options.get("pid-namespace") == "1":
+        # A backend that made the pid namespace itself (no containment asked of us): the
+        # namespace still needs an init that is not the program.
+        import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
-        _pid_namespace_init(libc)
+        libc = ctypes.CDLL(None, use_errno=True)
+        _pid_namespace_init(libc, int(init_report) if init_report else None)
+        _become_program(libc, None)
     channel = Channel(options["channel"])
     channel.send(
         {"type": "hello", "protocol": PROTOCOL_VERSION, "report": probe(probe_config)}

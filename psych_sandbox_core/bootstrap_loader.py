@@ -25,8 +25,8 @@ _COMPILER = (
     "sys.stdout.write(binascii.b2a_base64(marshal.dumps(compile(sys.stdin.read(),"
     "'<bootstrap>','exec',dont_inherit=True)),newline=False).decode())"
 )
-#: Linux refuses a single argument longer than 128 KiB; stay well below it.
-MAX_PAYLOAD_CHARS = 96 * 1024
+#: Linux refuses a single argument longer than 128 KiB (MAX_ARG_STRLEN); stay below it.
+MAX_PAYLOAD_CHARS = 120 * 1024
 
 
 def bootstrap_arguments(interpreter: str | None, source: str) -> list[str]:

@@ -109,6 +109,13 @@ class Mechanisms(BaseModel):
     network_namespace: bool = False
     #: A pid namespace, cgroup or job object: descendants cannot outlive teardown.
     process_tree_boundary: bool = False
+    #: The program can signal, trace or write the memory of a process that supervises its
+    #: execution (the host, a namespace's init, a launcher), so it could stop it or keep it
+    #: alive past teardown.
+    supervisor_reachable: bool = False
+    #: An IPC namespace: SysV objects and POSIX message queues die with the execution, and
+    #: executions cannot meet through them (whatever uid each runs as, or ran as before).
+    ipc_namespace: bool = False
     #: Only a process group: a descendant that calls setsid can escape it.
     process_group: bool = True
     #: The program runs as an identity other than the host's, without capabilities.
@@ -178,20 +185,27 @@ def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -
     else:
         grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
 
-    # Process tree.
-    if mechanisms.process_tree_boundary:
+    # Process tree: a boundary the program can reach the supervisor of is not enforced.
+    if mechanisms.process_tree_boundary and not mechanisms.supervisor_reachable:
         grades[Guarantee.PROCESS_TREE] = Grade.ENFORCED
     elif mechanisms.process_group:
         grades[Guarantee.PROCESS_TREE] = Grade.UNVERIFIED
     else:
         grades[Guarantee.PROCESS_TREE] = Grade.UNAVAILABLE
 
-    # Identity: the child must not be root, nor the host's own account, nor hold capabilities.
+    # Identity: the child must not be root, nor the host's own account, nor hold capabilities;
+    # and without an IPC namespace, SysV objects outlive an execution under its uid and are
+    # shared by every execution on the host, so identity alone separates nothing there.
     no_caps = _no_capabilities(report.capabilities)
     foreign_identity = report.euid != 0 and (report.euid != host_uid or host_uid == 0)
     if report.euid == 0 and not no_caps:
         grades[Guarantee.IDENTITY] = Grade.UNAVAILABLE
-    elif mechanisms.unprivileged_identity and no_caps and foreign_identity:
+    elif (
+        mechanisms.unprivileged_identity
+        and mechanisms.ipc_namespace
+        and no_caps
+        and foreign_identity
+    ):
         grades[Guarantee.IDENTITY] = Grade.ENFORCED
     elif mechanisms.unprivileged_identity and report.euid != 0:
         grades[Guarantee.IDENTITY] = Grade.UNVERIFIED
@@ -215,9 +229,13 @@ def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -
         mechanisms.pids_cgroup or _limit(report, "NPROC") is not None
     ) else Grade.UNAVAILABLE
 
-    grades[Guarantee.WALL_CLOCK] = (
-        Grade.ENFORCED if mechanisms.wall_clock else Grade.UNAVAILABLE
-    )
+    # A program that can stop its supervisor can stop the clock that was to kill it.
+    if not mechanisms.wall_clock:
+        grades[Guarantee.WALL_CLOCK] = Grade.UNAVAILABLE
+    elif mechanisms.supervisor_reachable:
+        grades[Guarantee.WALL_CLOCK] = Grade.UNVERIFIED
+    else:
+        grades[Guarantee.WALL_CLOCK] = Grade.ENFORCED
     grades[Guarantee.ENVIRONMENT] = (
         Grade.ENFORCED if mechanisms.environment_allow_list else Grade.UNAVAILABLE
     )

@@ -46,6 +46,7 @@ def report(**overrides: Any) -> ContainmentReport:
 BOUNDARY = Mechanisms(
     filesystem_boundary=True,
     network_namespace=True,
+    ipc_namespace=True,
     process_tree_boundary=True,
     unprivileged_identity=True,
 )
@@ -162,3 +163,20 @@ async def test_a_real_run_reports_the_level_its_grades_earn() -> None:
     assert result.level == level_of(grades).value
     # No filesystem boundary here: the canary was readable, and the grade says so.
     assert grades[Guarantee.FILESYSTEM] is Grade.UNAVAILABLE
+
+
+def test_identity_without_an_ipc_namespace_is_not_enforced() -> None:
+    # SysV objects outlive the execution and are shared by all: a uid of its own is not
+    # isolation then.
+    shared_ipc = BOUNDARY.model_copy(update={"ipc_namespace": False})
+    grades = grade(shared_ipc, report(), host_uid=0)
+    assert grades[Guarantee.IDENTITY] is Grade.UNVERIFIED
+    assert level_of(grades) is Level.PROCESS
+
+
+def test_a_reachable_supervisor_leaves_tree_and_clock_unenforced() -> None:
+    reachable = BOUNDARY.model_copy(update={"supervisor_reachable": True})
+    grades = grade(reachable, report(), host_uid=0)
+    assert grades[Guarantee.PROCESS_TREE] is Grade.UNVERIFIED
+    assert grades[Guarantee.WALL_CLOCK] is Grade.UNVERIFIED
+    assert level_of(grades) is Level.PROCESS

@@ -61,6 +61,7 @@ class MisreportingBackend(SubprocessBackend):
         return Mechanisms(
             filesystem_boundary=True,
             network_namespace=True,
+            ipc_namespace=True,
             process_tree_boundary=True,
             unprivileged_identity=True,
         )

@@ -2,9 +2,13 @@
 
 A fresh interpreter per execution in its own session, with rlimits the child applies to
 itself, an environment built from an allow-list and a private working directory. On Linux it
-also unshares a pid namespace (so teardown reaches a descendant that called setsid) and a
-network namespace where the kernel allows, and drops to an unprivileged uid when the host
-runs as root. It has no filesystem boundary: that guarantee is graded unavailable.
+also unshares pid, network, IPC and UTS namespaces where the kernel allows, and on a root host
+runs the program's process (only that one) as an unprivileged uid. The processes the backend
+runs for an execution (the outer bootstrap, the namespace's init) stay out of the program's
+reach: another identity on a root host, undumpable and unnameable from inside the namespace
+everywhere. Teardown kills the namespace by a pidfd on its init held since before the program
+existed, and checks it empty. It has no filesystem boundary: that guarantee is graded
+unavailable.
 
 Usage is read from a cgroup of the execution's own where the host can make one (root, with a
 writable hierarchy; see cgroups.py): the bootstrap moves itself in first, while still root and
@@ -18,6 +22,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -40,13 +46,15 @@ from ..identity import (
     LeasedIdentityOptions,
 )
 from ..interpreter import SYSTEM_CANDIDATES, resolve_interpreter
+from ..pid_namespace import PidNamespace
 from ..process import ExitStatus, ManagedProcess
 from ..workspace import create_workspace, remove_tree
 
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-
 
 
 class SubprocessOptions(LeasedIdentityOptions):
@@ -60,7 +68,7 @@ class SubprocessOptions(LeasedIdentityOptions):
     #: hosts that cannot spare a range.
     drop_to_uid: Annotated[int, Field(ge=1)] | None = None
     drop_to_gid: Annotated[int, Field(ge=1)] | None = None
-    #: Unshare pid and network namespaces where the kernel allows.
+    #: Unshare pid, network, IPC and UTS namespaces where the kernel allows.
     use_namespaces: bool = True
 
 
@@ -129,11 +137,17 @@ class SubprocessBackend(Backend):
         return cgroup
 
     def mechanisms(self) -> Mechanisms:
+        pid_namespace = bool(self.namespaces & CLONE_NEWPID)
         return Mechanisms(
             network_namespace=bool(self.namespaces & CLONE_NEWNET),
-            process_tree_boundary=bool(self.namespaces & CLONE_NEWPID),
+            ipc_namespace=bool(self.namespaces & CLONE_NEWIPC),
+            process_tree_boundary=pid_namespace,
             process_group=True,
             unprivileged_identity=self.drops_identity,
+            # The program's process shares the host's uid where it drops none; outside a pid
+            # namespace it can then name its parent, the host itself, and signal or trace it.
+            # (Inside one it cannot name its ancestors, and they are undumpable: _contain.)
+            supervisor_reachable=not self.drops_identity and not pid_namespace,
         )
 
     @asynccontextmanager
@@ -152,6 +166,13 @@ class SubprocessBackend(Backend):
         channel = InheritedSocketChannel()
         process: ManagedProcess | None = None
         cgroup: cgroups.ExecutionCgroup | None = None
+        namespace: PidNamespace | None = None
+        # The bootstrap reports its namespace's init here (a pidfd, by SCM_RIGHTS).
+        report, report_child = (
+            socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            if self.namespaces & CLONE_NEWPID
+            else (None, None)
+        )
         try:
             cgroup = await self.execution_cgroup()
             join_fds = cgroup.join_fds if cgroup is not None else []
@@ -166,8 +187,9 @@ class SubprocessBackend(Backend):
             if self.contain:
                 uid, gid = identity if identity is not None else ("", "")
                 argv.append(f"contain={self.namespaces}:{uid}:{gid}:{os.getpid()}")
-            if self.namespaces & CLONE_NEWPID:
+            if report_child is not None:
                 argv.append("pid-namespace=1")
+                argv.append(f"init-report={report_child.fileno()}")
             if join_fds:
                 # The bootstrap writes itself into the cgroup first thing, as root.
                 argv.append("cgroup=" + ",".join(str(fd) for fd in join_fds))
@@ -176,7 +198,11 @@ class SubprocessBackend(Backend):
                     argv,
                     env={**child_environment(workspace), **request.environment},
                     cwd=workspace,
-                    pass_fds=(*channel.inherited_fds, *join_fds),
+                    pass_fds=[
+                        *channel.inherited_fds,
+                        *join_fds,
+                        *([] if report_child is None else [report_child.fileno()]),
+                    ],
                     # No pre-exec step: the bootstrap contains itself first (see its
                     # _contain), so the host spawns with vfork.
                 )
@@ -187,21 +213,38 @@ class SubprocessBackend(Backend):
             finally:
                 if cgroup is not None:
                     cgroup.close_join_fds()
+                if report_child is not None:
+                    report_child.close()
             channel.after_spawn()
-            launched = _Launched(
-                process,
-                channel,
-                self.mechanisms(),
-                pid_namespace=bool(self.namespaces & CLONE_NEWPID),
-                cgroup=cgroup,
-            )
+            if report is not None:
+                # Before the handshake, so before any program can exist: what the host holds
+                # was handed over by the bootstrap alone.
+                try:
+                    namespace = await PidNamespace.receive(report, INIT_REPORT_SECONDS)
+                except TimeoutError:
+                    raise BackendUnavailable(
+                        f"the bootstrap did not report its pid namespace within "
+                        f"{INIT_REPORT_SECONDS:g} s"
+                    ) from None
+            mechanisms = self.mechanisms()
+            if report is not None and namespace is None:
+                # Not handed over (no pidfds there): the namespace still dies with the outer
+                # process, but the host cannot kill or check it itself.
+                mechanisms = mechanisms.model_copy(update={"process_tree_boundary": False})
+            launched = _Launched(process, channel, mechanisms, namespace, cgroup=cgroup)
             launched.workspace_path = workspace
             yield launched
         finally:
             # Shielded: a cancelled run must still reap, close and remove its workspace.
             with anyio.CancelScope(shield=True):
                 if process is not None:
+                    await _kill(process, namespace)
                     await process.aclose()
+                if namespace is not None:
+                    await namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS)
+                    namespace.close()
+                if report is not None:
+                    report.close()
                 await channel.aclose()
                 if cgroup is not None:
                     # Stragglers in it (a daemon that left the group) are killed first.
@@ -216,6 +259,9 @@ class SubprocessBackend(Backend):
                 await anyio.to_thread.run_sync(remove_tree, workspace)
 
 
+#: How long the bootstrap may take to start and report its namespace's init (the handshake's
+#: own bound: it is the first thing the bootstrap does).
+INIT_REPORT_SECONDS = 30.0
 #: How long teardown waits for a killed pid namespace to empty (its init exits last).
 NAMESPACE_TEARDOWN_SECONDS = 5.0
 
@@ -226,8 +272,8 @@ class _Launched(Launched):
         process: ManagedProcess,
         channel: InheritedSocketChannel,
         mechanisms: Mechanisms,
+        namespace: PidNamespace | None,
         *,
-        pid_namespace: bool,
         cgroup: cgroups.ExecutionCgroup | None = None,
     ) -> None:
         self.process = process
@@ -236,7 +282,7 @@ class _Launched(Launched):
         self.mechanisms = mechanisms
         self.stdout = process.stdout
         self.stderr = process.stderr
-        self._pid_namespace = pid_namespace
+        self._namespace = namespace
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
         return None if self.cgroup is None else self.cgroup.usage()
@@ -245,21 +291,16 @@ class _Launched(Launched):
         await self.process.wait_exited()
 
     async def terminate(self, grace_seconds: float) -> None:
-        await self.process.terminate(grace_seconds)
+        self.process.signal_group(signal.SIGTERM)
+        with anyio.move_on_after(grace_seconds):
+            await self.process.wait_exited()
+        await _kill(self.process, self._namespace)
 
     async def finish(self) -> ExitStatus:
-        # Killing the group ends the outer process at once, while the namespace's init is
-        # still taking everything in the namespace down with it. Hold init by a pidfd first
-        # and wait for it, so teardown ends only when the namespace is empty.
-        init = _hold_first_child(self.process.pid) if self._pid_namespace else None
-        try:
-            status = await self.process.kill_and_reap()
-            if init is not None:
-                with anyio.move_on_after(NAMESPACE_TEARDOWN_SECONDS):
-                    await anyio.wait_readable(init)
-        finally:
-            if init is not None:
-                os.close(init)
+        await _kill(self.process, self._namespace)
+        status = await self.process.kill_and_reap()
+        if self._namespace is not None:
+            await self._namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS)
         # wait4's rusage stops at what was reaped: a program that ignores SIGCHLD hides its
         # children's usage from it. Only the cgroup counts everything; without one, usage is
         # not measured rather than reported low.
@@ -274,22 +315,16 @@ class _Launched(Launched):
         return replace(status, cpu_seconds=cpu, peak_memory_bytes=peak)
 
 
-def _hold_first_child(pid: int) -> int | None:
-    """A pidfd for the first child of ``pid`` (the bootstrap's namespace init), or None."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            children = fh.read().split()
-    except OSError:
-        return None
-    if not children:
-        return None
-    try:
-        return os.pidfd_open(int(children[0]))
-    except (OSError, AttributeError):
-        return None
-
-
-# ---------------------------------------------------------------- interpreter resolution
+async def _kill(process: ManagedProcess, namespace: PidNamespace | None) -> None:
+    """Kill everything of the execution. The namespace first, by the init's pidfd: whatever the
+    program did to its process group and sessions, everything in the namespace dies with its
+    init; the outer process then reaps the init and exits (it ignores the group's SIGTERM), so
+    no init is left for the system to reap. Then SIGKILL to the group, for whatever is left."""
+    if namespace is not None:
+        namespace.kill()
+        with anyio.move_on_after(NAMESPACE_TEARDOWN_SECONDS):
+            await process.wait_exited()
+    process.signal_group(signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- namespaces and identity
@@ -307,18 +342,32 @@ def _load_libc() -> ctypes.CDLL | None:
     return _libc
 
 
+#: Namespace sets to try, strongest first: pid and network are what the backend needs; IPC
+#: (SysV objects and POSIX message queues die with it) and UTS (a hostname of its own) are
+#: taken wherever the kernel allows them too.
+_NAMESPACE_CHOICES = (
+    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS,
+    CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC,
+    CLONE_NEWPID | CLONE_NEWNET,
+)
+
+
 @lru_cache(maxsize=4)
 def namespace_flags(interpreter: str, is_root: bool) -> int:
-    """The namespace flags a real trial spawn accepted here (0 if none)."""
-    wanted = CLONE_NEWPID | CLONE_NEWNET
-    if not is_root:
-        wanted |= CLONE_NEWUSER
+    """The strongest namespace flags a real trial spawn accepted here (0 if none)."""
     libc = _load_libc()
     if libc is None:
         return 0
+    for flags in _NAMESPACE_CHOICES:
+        wanted = flags if is_root else flags | CLONE_NEWUSER
+        if _unshare_trial(libc, interpreter, wanted):
+            return wanted
+    return 0
 
+
+def _unshare_trial(libc: ctypes.CDLL, interpreter: str, flags: int) -> bool:
     def trial() -> None:
-        if libc.unshare(wanted) != 0:
+        if libc.unshare(flags) != 0:
             raise OSError(ctypes.get_errno(), "unshare failed")
 
     try:
@@ -333,8 +382,8 @@ def namespace_flags(interpreter: str, is_root: bool) -> int:
             timeout=30,
         )
     except (OSError, subprocess.SubprocessError):
-        return 0
-    return wanted
+        return False
+    return True
 
 
 @hookspecs.hookimpl

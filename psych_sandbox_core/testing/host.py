@@ -69,6 +69,30 @@ def uids_of(pid: int) -> list[int]:
     raise AssertionError(f"no Uid line for {pid}")
 
 
+def status_of(pid: int) -> dict[str, str]:
+    """The fields of ``/proc/<pid>/status`` (State, PPid, TracerPid, Uid, ...), as the host's
+    /proc shows them (pids in the host's namespace)."""
+    with open(f"/proc/{pid}/status") as fh:
+        return {
+            name: value.strip() for name, _, value in (line.partition(":") for line in fh) if value
+        }
+
+
+def pids_running_as(uid: int) -> list[int]:
+    """Live (non-zombie) processes any of whose uids is ``uid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = status_of(int(entry))
+        except OSError:
+            continue
+        if status["State"][:1] not in ("Z", "X") and str(uid) in status["Uid"].split():
+            found.append(int(entry))
+    return found
+
+
 def environ_of(pid: int) -> dict[str, str]:
     """The environment ``pid`` was started with, read by the host from the kernel."""
     with open(f"/proc/{pid}/environ", "rb") as fh:

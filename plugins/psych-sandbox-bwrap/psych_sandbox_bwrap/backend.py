@@ -163,6 +163,7 @@ class BwrapBackend(Backend):
         return Mechanisms(
             filesystem_boundary=True,
             network_namespace=True,
+            ipc_namespace=True,
             process_tree_boundary=True,
             process_group=False,
             unprivileged_identity=True,

@@ -6,10 +6,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import pwd
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -29,14 +26,16 @@ from psych_sandbox_core import Sandbox
 from psych_sandbox_core import sandbox as sandbox_module
 from psych_sandbox_core.errors import ConfigurationError
 from psych_sandbox_core.registry import BackendRegistry
+from psych_sandbox_core.testing.as_user import (
+    SYSTEM_PYTHON,
+    staged_environment,
+    unprivileged_user,
+)
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]
 
 HERE = Path(__file__).parent
 TEST_USER = "psych-bwrap-test"
-#: The system interpreter an unprivileged user can run (the test environment's may live
-#: under a home directory it cannot enter).
-SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 
 
 @pytest.fixture
@@ -119,74 +118,18 @@ async def test_bad_options_fail_at_load(options: dict[str, object]) -> None:
         BackendRegistry().create("bwrap", options)
 
 
-def _test_user() -> tuple[int, int]:
-    try:
-        entry = pwd.getpwnam(TEST_USER)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
-            check=True,
-        )
-        entry = pwd.getpwnam(TEST_USER)
-    return entry.pw_uid, entry.pw_gid
-
-
 def _as_user_argv(program: str) -> list[str]:
-    staged = _staged_environment()
+    staged = staged_environment(
+        editable=("psych_sandbox_core", "psych_sandbox_bwrap"),
+        leave_out=("psych_sandbox_docker", "psych_sandbox_example"),
+        files=(str(HERE / "as_user.py"),),
+    )
     return [SYSTEM_PYTHON, "-I", str(staged / "as_user.py"), str(staged / "site"), program]
-
-
-_STAGED: list[Path] = []
-#: Test-only tools the as-user script never imports: left out of the staged copy.
-_NOT_NEEDED = ("mypy", "mypyc", "hypothesis", "ruff", "_pytest", "pytest", "trio", "pip")
-
-
-def _staged_environment() -> Path:
-    """The script and the packages it imports, copied where any uid can read them.
-
-    The checkout (and the venv inside it) may live below a directory other users cannot
-    enter, such as /root; the test must not depend on where it was cloned.
-    """
-    if _STAGED:
-        return _STAGED[0]
-    import atexit
-    import shutil
-
-    root = Path(tempfile.mkdtemp(prefix="psych-as-user-"))
-    atexit.register(shutil.rmtree, root, True)
-    site = root / "site"
-    packages = Path(sysconfig.get_paths()["purelib"])
-
-    def ignore(directory: str, names: list[str]) -> set[str]:
-        if Path(directory) != packages:
-            return {n for n in names if n == "__pycache__"}
-        return {
-            n for n in names
-            if n.endswith(".pth")
-            or n.split("-")[0].split(".")[0] in _NOT_NEEDED
-            or n.startswith(("psych_sandbox_docker", "psych_sandbox_example"))
-        }
-
-    shutil.copytree(packages, site, ignore=ignore)
-    # The project's own packages are editable installs pointing into the checkout: copy the
-    # packages themselves beside their metadata (whose entry points discovery reads).
-    import psych_sandbox_core
-
-    import psych_sandbox_bwrap
-
-    for module in (psych_sandbox_core, psych_sandbox_bwrap):
-        source = Path(module.__file__ or "").parent
-        shutil.copytree(source, site / source.name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(HERE / "as_user.py", root / "as_user.py")
-    for path in [root, *root.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    _STAGED.append(root)
-    return root
 
 
 @needs_root
 def test_works_as_an_unprivileged_host_user() -> None:
-    uid, gid = _test_user()
+    uid, gid = unprivileged_user(TEST_USER)
     if not Path(SYSTEM_PYTHON).exists():
         skip_unless_required(BWRAP_ROOT, f"no system interpreter {SYSTEM_PYTHON}")
     mark = marker()
@@ -230,7 +173,7 @@ CLONE_NEWUSER = 0x10000000
 def test_trial_fails_where_user_namespaces_are_forbidden() -> None:
     """Real bwrap, under a user namespace whose limit on further user namespaces is 0 (set in
     that namespace only, so nothing else on the host is affected)."""
-    uid, gid = _test_user()
+    uid, gid = unprivileged_user(TEST_USER)
     if not Path(SYSTEM_PYTHON).exists():
         skip_unless_required(BWRAP_ROOT, f"no system interpreter {SYSTEM_PYTHON}")
     libc = ctypes.CDLL(None, use_errno=True)

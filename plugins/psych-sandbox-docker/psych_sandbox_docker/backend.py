@@ -248,6 +248,7 @@ class DockerBackend(Backend):
         return Mechanisms(
             filesystem_boundary=True,
             network_namespace=True,
+            ipc_namespace=True,
             process_tree_boundary=True,
             process_group=False,
             unprivileged_identity=True,

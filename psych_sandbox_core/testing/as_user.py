@@ -1,0 +1,75 @@
+"""Running part of a test as an unprivileged host user (the test itself runs as root): a
+system account, the system interpreter, and a copy of this environment's packages any uid can
+read. Standard library only (no pytest)."""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import pwd
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from functools import cache
+from pathlib import Path
+
+#: The system interpreter an unprivileged user can run (the test environment's may live
+#: under a home directory it cannot enter).
+SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+#: Test-only tools nothing run as the user imports: left out of the staged copy.
+_NOT_NEEDED = ("mypy", "mypyc", "hypothesis", "ruff", "_pytest", "pytest", "trio", "pip")
+
+
+def unprivileged_user(name: str) -> tuple[int, int]:
+    """The uid and gid of system account ``name``, created (no home, no shell) if missing."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            check=True,
+        )
+        entry = pwd.getpwnam(name)
+    return entry.pw_uid, entry.pw_gid
+
+
+@cache
+def staged_environment(
+    editable: tuple[str, ...], leave_out: tuple[str, ...] = (), files: tuple[str, ...] = ()
+) -> Path:
+    """A directory any uid can read: ``site/`` holds this environment's packages (add it with
+    ``site.addsitedir``), the packages named in ``editable`` copied beside their metadata
+    (editable installs point into the checkout), and ``files`` at the top. Distributions whose
+    names start with an entry of ``leave_out`` are left out. Made once per process, removed
+    at exit.
+
+    The checkout (and the environment inside it) may live below a directory other users
+    cannot enter, such as /root; a test must not depend on where it was cloned.
+    """
+    root = Path(tempfile.mkdtemp(prefix="psych-as-user-"))
+    atexit.register(shutil.rmtree, root, True)
+    site = root / "site"
+    packages = Path(sysconfig.get_paths()["purelib"])
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        if Path(directory) != packages:
+            return {n for n in names if n == "__pycache__"}
+        return {
+            n
+            for n in names
+            if n.endswith(".pth")
+            or n.split("-")[0].split(".")[0] in _NOT_NEEDED
+            or n.startswith(leave_out)
+        }
+
+    shutil.copytree(packages, site, ignore=ignore)
+    for name in editable:
+        source = Path(importlib.import_module(name).__file__ or "").parent
+        shutil.copytree(source, site / source.name, ignore=shutil.ignore_patterns("__pycache__"))
+    for file in files:
+        shutil.copy(file, root / Path(file).name)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return root
