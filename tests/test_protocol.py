@@ -34,7 +34,16 @@ from psych_sandbox_core.protocol import (
     encode_host_frame,
 )
 from psych_sandbox_core.protocol import limits as protocol_limits
-from psych_sandbox_core.protocol.limits import MAX_CALL_ID, MAX_CHILD_FRAME_BYTES
+from psych_sandbox_core.protocol.framing import (
+    CHANNEL_CEILINGS,
+    HANDSHAKE_CEILINGS,
+    FrameCeilings,
+)
+from psych_sandbox_core.protocol.limits import (
+    MAX_CALL_ID,
+    MAX_CHILD_FRAME_BYTES,
+    MAX_HELLO_FRAME_BYTES,
+)
 
 # ---------------------------------------------------------------- strategies
 
@@ -301,16 +310,18 @@ def test_largest_return_value_cap_fits_one_frame_even_fully_escaped() -> None:
 # ---------------------------------------------------------------- bounded reading
 
 
-@pytest.mark.anyio
-async def test_frame_channel_cuts_off_a_line_that_never_ends() -> None:
-    host_sock, child_sock = socket.socketpair()
-    channel = FrameChannel(await SocketStream.from_socket(host_sock))
+async def _flood(head: bytes, channel: FrameChannel, child_sock: socket.socket) -> tuple[str, int]:
+    """Write ``head`` then endless bytes until the reader gives up; what it said, and how
+    much was written."""
     child_sock.setblocking(False)
     chunk = b"a" * (1024 * 1024)
     sent = 0
+    message = ""
 
     async def flood() -> None:
         nonlocal sent
+        await anyio.wait_writable(child_sock)
+        child_sock.sendall(head)
         # Keep writing past the ceiling until the host hangs up on us.
         while sent < 4 * MAX_CHILD_FRAME_BYTES:
             await anyio.wait_writable(child_sock)
@@ -322,13 +333,42 @@ async def test_frame_channel_cuts_off_a_line_that_never_ends() -> None:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(flood)
-            with pytest.raises(ProtocolViolation, match="without a newline"):
+            with pytest.raises(ProtocolViolation) as raised:
                 await channel.receive()
+            message = str(raised.value)
             await channel.aclose()
     finally:
         child_sock.close()
+    return message, sent
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("ceilings", "expected"),
+    [
+        (HANDSHAKE_CEILINGS, f"longer than its ceiling of {MAX_HELLO_FRAME_BYTES}"),
+        (CHANNEL_CEILINGS, f"ceiling of {MAX_CHILD_FRAME_BYTES}"),
+    ],
+    ids=["kind-ceiling", "channel-ceiling"],
+)
+async def test_frame_channel_cuts_off_a_line_that_never_ends(
+    ceilings: FrameCeilings, expected: str
+) -> None:
+    host_sock, child_sock = socket.socketpair()
+    channel = FrameChannel(await SocketStream.from_socket(host_sock), ceilings)
+    message, sent = await _flood(b'{"type":"hello","protocol":1,"x":"', channel, child_sock)
+    assert expected in message
     # The reader stopped near the ceiling: what the flood pushed beyond it sits at most in
     # the socket buffers, not in the host.
+    assert sent < 4 * MAX_CHILD_FRAME_BYTES
+
+
+@pytest.mark.anyio
+async def test_frame_channel_refuses_a_line_without_a_type_within_its_head() -> None:
+    host_sock, child_sock = socket.socketpair()
+    channel = FrameChannel(await SocketStream.from_socket(host_sock))
+    message, sent = await _flood(b"", channel, child_sock)
+    assert "must begin with its type" in message
     assert sent < 4 * MAX_CHILD_FRAME_BYTES
 
 
