@@ -38,6 +38,7 @@ from .paging import (
     search,
 )
 from .protocol import CallFrame, ReplyFrame
+from .protocol.codec import collector_paused
 from .protocol.limits import MAX_FRAMES_MARGIN, MAX_TOOL_NAME_CHARS, MAX_TOOLS
 from .runlog import MemoryRunLog, RunLog
 
@@ -307,7 +308,8 @@ class CallServer:
         return reply
 
     async def _accepted(self, frame: CallFrame, entry: dict[str, Any]) -> ReplyFrame:
-        arguments_json = _dumps(frame.arguments)
+        with collector_paused():  # a wide object's items are many short-lived tuples
+            arguments_json = _dumps(frame.arguments)
         argument_bytes = len(arguments_json.encode())
         entry["argument_bytes"] = argument_bytes
         refusal = self.meter.admit_arguments(argument_bytes)

@@ -26,7 +26,7 @@ MAX_CHILD_FRAME_BYTES = 16 * 1024 * 1024
 #: JSON nested deeper, or holding more elements, than this is refused before it is sent:
 #: the host refuses such frames before it parses them. Copies of protocol/limits.py.
 MAX_JSON_DEPTH = 128
-MAX_JSON_ELEMENTS = 2**17
+MAX_JSON_ELEMENTS = 2**16
 #: A call frame's bytes around its arguments; the host's ceiling for a call frame is the
 #: argument budget plus this. A copy of protocol/limits.py.
 CALL_FRAME_ENVELOPE_BYTES = 4 * 1024

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import gc
 import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -56,13 +60,15 @@ def decode_child_frame(line: bytes, ceilings: FrameCeilings = CHANNEL_CEILINGS) 
         # Parsed apart from validation so no non-finite number can ride inside an untyped
         # field (a tool's arguments): NaN/Infinity literals are refused by the parser, and an
         # overflowing literal such as 1e999 (parsed as infinity) by the walk.
-        parsed = from_json(line, allow_inf_nan=False, cache_strings=False)
+        with collector_paused():
+            parsed = from_json(line, allow_inf_nan=False, cache_strings=False)
         if _may_hold_a_float(line):
             _refuse_non_finite(parsed)
     except ValueError as exc:
         raise ProtocolViolation(f"malformed frame from child: {exc}") from None
     try:
-        frame = _CHILD_FRAMES.validate_python(parsed, strict=True)
+        with collector_paused():
+            frame = _CHILD_FRAMES.validate_python(parsed, strict=True)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in err['loc']) or '<frame>'}: {err['msg']}"
@@ -85,17 +91,40 @@ def decode_value_json(text: str, cap: int) -> Any:
         raise ProtocolViolation(f"a value of {len(data)} bytes exceeds the {cap}-byte cap")
     check_shape(data, VALUE_SHAPE, "a value")
     try:
-        value = from_json(data, allow_inf_nan=False, cache_strings=False)
+        with collector_paused():
+            value = from_json(data, allow_inf_nan=False, cache_strings=False)
         _refuse_non_finite(value)
     except ValueError as exc:
         raise ProtocolViolation(f"a value in a frame is not JSON: {exc}") from None
     return value
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the parser builds a tree (it holds the interpreter
+    lock throughout, so nothing else allocates meanwhile). Each collection during the parse
+    would find the half-built tree alive and age it, until a full collection walks every
+    object of the process: a frame of tens of thousands of elements would then stall the
+    host for tens of milliseconds. A tree that is dropped soon after (a refused call) is
+    freed young. Left paused if something else paused it."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+#: A digit then a fraction or an exponent: the only literals that can parse as infinite.
+_FLOAT_LITERAL = re.compile(rb"[0-9][.eE]")
+
+
 def _may_hold_a_float(line: bytes) -> bool:
     # Integers parse exactly however long they are; only a literal with a fraction or an
-    # exponent can become infinite. Most frames have neither, and skip the walk.
-    return b"." in line or b"e" in line or b"E" in line
+    # exponent can become infinite. Most frames have none, and skip the walk.
+    return _FLOAT_LITERAL.search(line) is not None
 
 
 def _refuse_non_finite(value: Any) -> None:

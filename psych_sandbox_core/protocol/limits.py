@@ -102,7 +102,7 @@ MAX_JSON_DEPTH = 128
 #: hundred bytes per element, holding the interpreter lock: 2**17 elements bounds one frame
 #: to tens of milliseconds and megabytes, while a list of a hundred thousand numbers still
 #: fits. The bootstrap refuses larger data itself, as it does deeper data.
-MAX_JSON_ELEMENTS = 2**17
+MAX_JSON_ELEMENTS = 2**16
 
 #: Nesting a frame adds around the value it carries (a call's arguments sit one level down),
 #: and elements of its own (the hello's report is the widest: 32 limits, 256 interface
