@@ -12,8 +12,17 @@ import pytest
 
 from psych_sandbox_core import ErrorKind, Sandbox
 from psych_sandbox_core.protocol import ContainmentReport, HelloFrame, NetworkObservation
+from psych_sandbox_core.protocol import limits as protocol_limits
 
-from .conftest import PROFILE, config, host_rss, host_rss_peak, host_rss_peak_reset, open_fds
+from .conftest import (
+    PROFILE,
+    config,
+    host_rss,
+    host_rss_peak,
+    host_rss_peak_reset,
+    open_fds,
+    run,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -267,3 +276,27 @@ async def test_unknown_tool_call_is_answered_not_fatal() -> None:
     result = await Sandbox(config()).run(source, profile=PROFILE)
     assert result.error is not None and result.error.kind is ErrorKind.EXCEPTION
     assert "unknown_tool" in result.error.message
+
+
+# ---------------------------------------------------------------- the honest side of the limits
+
+
+async def test_an_honest_program_meets_the_element_limit_as_data() -> None:
+    # The bootstrap refuses what the host would refuse, so an honest program sees a
+    # TypeError or invalid_output, never a protocol error.
+    elements = protocol_limits.MAX_JSON_ELEMENTS
+    source = f"""
+try:
+    await call_tool("anything", {{"x": [0] * {elements}}})
+except TypeError as exc:
+    refused = str(exc)
+return [refused, [0] * ({elements} - 2)]
+"""
+    result = await run(source, return_value_bytes=1 << 20)
+    assert result.error is None, result.error
+    refused, widest = result.return_value
+    assert f"more than {elements} elements" in refused
+    assert len(widest) == elements - 2  # with the list around it, exactly the limit
+    result = await run(f"[0] * {elements + 1}", return_value_bytes=1 << 20)
+    assert result.error is not None and result.error.kind is ErrorKind.INVALID_OUTPUT
+    assert f"more than {elements} elements" in result.error.message
