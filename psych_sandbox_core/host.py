@@ -671,6 +671,9 @@ async def _converse(
                     if state.artifacts is not None and state.artifacts.started:
                         raise ProtocolViolation("a call after the program's files were sent")
                     await channel.send(await calls.answer(frame))
+                    # Dropped before the next frame is read: a wide tree freed young is never
+                    # aged by the collector (see protocol/codec.py).
+                    del frame
                 elif isinstance(frame, ResultFrame):
                     if state.artifacts is not None:
                         state.artifacts.at_result()

@@ -4,6 +4,7 @@ ends the execution as protocol_error, without being interpreted, and the host st
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import anyio
 import pytest
 
 from psych_sandbox_core import ErrorKind, Sandbox
+from psych_sandbox_core.bindings import FunctionBindings
 from psych_sandbox_core.protocol import ContainmentReport, HelloFrame, NetworkObservation
 from psych_sandbox_core.protocol import limits as protocol_limits
 
@@ -300,3 +302,30 @@ return [refused, [0] * ({elements} - 2)]
     result = await run(f"[0] * {elements + 1}", return_value_bytes=1 << 20)
     assert result.error is not None and result.error.kind is ErrorKind.INVALID_OUTPUT
     assert f"more than {elements} elements" in result.error.message
+
+
+async def test_an_end_seen_only_after_the_deadline_is_a_timeout() -> None:
+    # The host is busy (here: a callback that holds the event loop, as a decode on it once
+    # did) from before the deadline until after the program has returned and exited. When
+    # the loop turns again, the program's result and its deadline are both due: whichever
+    # is read first, the program ran past its wall clock and the result must say so.
+    started = anyio.Event()
+
+    async def started_tool() -> None:
+        started.set()
+
+    async def busy_host() -> None:
+        await started.wait()
+        time.sleep(2 * HONEST_WALL)  # the host's work, not a wait for a condition
+
+    async with Sandbox(config()) as sandbox, anyio.create_task_group() as tg:
+        tg.start_soon(busy_host)
+        result = await sandbox.run(
+            f"await started()\nimport time\ntime.sleep({HONEST_WALL * 1.2})\n'returned'",
+            profile=PROFILE,
+            timeout=HONEST_WALL,
+            bindings=FunctionBindings({"started": started_tool}),
+        )
+    assert result.error is not None, f"overran its wall clock unnoticed: {result!r}"
+    assert result.error.kind is ErrorKind.TIMEOUT
+    assert result.return_value is None
