@@ -117,8 +117,9 @@ def collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-#: A digit then a fraction or an exponent: the only literals that can parse as infinite.
-_FLOAT_LITERAL = re.compile(rb"[0-9][.eE]")
+#: A number with a fraction or an exponent (the only literals that can parse as infinite),
+#: where a value may start: after "[", "," or ":" (a key or a string starts with a quote).
+_FLOAT_LITERAL = re.compile(rb"[\[,:][ \t\r]*-?[0-9]+[.eE]")
 
 
 def _may_hold_a_float(line: bytes) -> bool:
