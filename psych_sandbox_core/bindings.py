@@ -41,6 +41,7 @@ from .paging import (
     search,
 )
 from .protocol import CallFrame, ReplyFrame
+from .protocol.codec import collector_paused
 from .protocol.limits import MAX_FRAMES_MARGIN, MAX_TOOL_NAME_CHARS, MAX_TOOLS
 from .runlog import MemoryRunLog, RunLog
 
@@ -313,8 +314,11 @@ class CallServer:
         return reply
 
     async def _accepted(self, frame: CallFrame, entry: dict[str, Any]) -> ReplyFrame:
-        arguments_json = _dumps(frame.arguments)
-        argument_bytes = len(arguments_json.encode())
+        if _few_elements(frame.arguments):
+            argument_bytes = _json_bytes(frame.arguments)
+        else:
+            # Encoding holds the interpreter lock, and so the event loop, for milliseconds.
+            argument_bytes = await anyio.to_thread.run_sync(_json_bytes, frame.arguments)
         entry["argument_bytes"] = argument_bytes
         refusal = self.meter.admit_arguments(argument_bytes)
         if refusal is not None:
@@ -490,6 +494,31 @@ def _default_log() -> RunLog:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: Arguments with more elements than this are measured on a worker thread.
+_INLINE_ELEMENTS = 1024
+
+
+def _few_elements(value: Any) -> bool:
+    """Whether ``value`` holds at most _INLINE_ELEMENTS containers' members (a walk that
+    stops there, so it costs microseconds whatever the value)."""
+    seen = 0
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        seen += len(item) if isinstance(item, (dict, list)) else 0
+        if seen > _INLINE_ELEMENTS:
+            return False
+        members = item.values() if isinstance(item, dict) else item
+        stack.extend(member for member in members if isinstance(member, (dict, list)))
+    return True
+
+
+def _json_bytes(value: Any) -> int:
+    """The size the argument budget counts: compact JSON, as UTF-8."""
+    with collector_paused():  # a wide object's items are many short-lived tuples
+        return len(_dumps(value).encode())
 
 
 def _dumps(value: Any) -> str:

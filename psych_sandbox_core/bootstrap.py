@@ -23,9 +23,15 @@ PROTOCOL_VERSION = 1
 PROGRAM_FILENAME = "<program>"
 MAX_HOST_FRAME_BYTES = 64 * 1024 * 1024
 MAX_CHILD_FRAME_BYTES = 16 * 1024 * 1024
-#: JSON nested deeper than this is refused before it is sent: the host's parser stops at 200
-#: levels, and a value sits a few levels down inside its frame.
+#: JSON nested deeper, or holding more elements, than this is refused before it is sent:
+#: the host refuses such frames before it parses them. Copies of protocol/limits.py.
 MAX_JSON_DEPTH = 128
+MAX_JSON_ELEMENTS = 2**16
+#: A call frame's bytes around its arguments; the host's ceiling for a call frame is the
+#: argument budget plus this. A copy of protocol/limits.py.
+CALL_FRAME_ENVELOPE_BYTES = 4 * 1024
+#: No tool has a longer name (the envelope above counts on it). A copy of protocol/limits.py.
+MAX_TOOL_NAME_CHARS = 256
 MAIN_NAME = "__psych_main__"
 #: Artifacts travel in chunks of exactly this many bytes (the last may be shorter); the walk
 #: examines at most this many entries, this deep. Copies of protocol/limits.py.
@@ -79,6 +85,14 @@ if _json is not None:
         )
         return "".join(encode(value, 0))
 
+    def json_text(value):
+        """Compact JSON with text left as text (sent as UTF-8): the form the host measures
+        a call's arguments in."""
+        encode = _json.make_encoder(
+            {}, _not_serialisable, _json.encode_basestring, None, ":", ",", False, False, False
+        )
+        return "".join(encode(value, 0))
+
 else:  # pragma: no cover - CPython always has _json
 
     def json_loads(text):
@@ -91,9 +105,17 @@ else:  # pragma: no cover - CPython always has _json
 
         return json.dumps(value, allow_nan=False, separators=(",", ":"))
 
+    def json_text(value):
+        import json
+
+        return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
 
 def json_problem(value):
     """Why the host would refuse this (already encodable) JSON data, or None."""
+    # Elements counted as the host counts them on the text (protocol/shape.py): a "[" and a
+    # "," between items; a "{", a "," between members and a ":" in each.
+    elements = 0
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -105,11 +127,15 @@ def json_problem(value):
             except UnicodeEncodeError:
                 return "it contains a lone surrogate, which is not valid Unicode text"
         elif isinstance(item, dict):
+            elements += 2 * len(item) or 1
             for key, member in item.items():
                 stack.append((key, depth + 1))
                 stack.append((member, depth + 1))
         elif isinstance(item, (list, tuple)):
+            elements += len(item) or 1
             stack.extend((member, depth + 1) for member in item)
+        if elements > MAX_JSON_ELEMENTS:
+            return f"it holds more than {MAX_JSON_ELEMENTS} elements"
     return None
 
 
@@ -179,6 +205,11 @@ class Channel:
     def send(self, frame):
         self.sock.sendall((json_dumps(frame) + "\n").encode())
 
+    def _send_call(self, call_id, name, arguments_json):
+        # Type first, as every frame begins; the arguments as measured (see call_tool).
+        head = f'{{"type":"call","id":{int(call_id)},"name":{json_dumps(name)},"arguments":'
+        self.sock.sendall((head + arguments_json + "}\n").encode())
+
     def _readline(self):
         while True:
             end = self._buffer.find(b"\n")
@@ -202,12 +233,12 @@ class Channel:
             raise SystemExit("psych-sandbox bootstrap: malformed host frame")
         return frame
 
-    def call(self, name, arguments):
+    def call(self, name, arguments_json):
         # Claim, write and advance under one lock: threads may call concurrently, and an id
         # is spent only once its frame was written.
         with self.lock:
             call_id = self.next_id
-            self.send({"type": "call", "id": call_id, "name": name, "arguments": arguments})
+            self._send_call(call_id, name, arguments_json)
             self.next_id = call_id + 1
             reply = self.receive()
         if reply.get("type") != "reply" or reply.get("id") != call_id:
@@ -681,7 +712,7 @@ def describe_exception(exc):
 # ------------------------------------------------------------------ the program's namespace
 
 
-def _make_namespace(channel, tools):
+def _make_namespace(channel, tools, argument_bytes):
     import builtins
     import keyword
 
@@ -697,21 +728,32 @@ def _make_namespace(channel, tools):
             key: value.to_json() if isinstance(value, ToolResultHandle) else value
             for key, value in arguments.items()
         }
+        if json_problem(name) is not None:
+            raise TypeError("call_tool(name, arguments): name must be valid Unicode text")
+        if len(name) > MAX_TOOL_NAME_CHARS:
+            raise ToolError(
+                "unknown_tool",
+                f"no tool has a name longer than {MAX_TOOL_NAME_CHARS} characters; TOOLS "
+                "lists those offered",
+            )
         try:
-            encoded = json_dumps(arguments)
+            encoded = json_text(arguments)
         except (TypeError, ValueError, RecursionError) as exc:
             raise TypeError(f"call_tool({name!r}): arguments must be JSON data: {exc}") from None
         problem = json_problem(arguments)
         if problem is not None:
             raise TypeError(f"call_tool({name!r}): arguments cannot be sent: {problem}")
-        if len(encoded) > MAX_CHILD_FRAME_BYTES - 4096:
-            # Checked here, before an id is spent: no frame this large can reach the host.
+        size = len(encoded.encode("utf-8"))
+        if size > argument_bytes:
+            # Checked here, before an id is spent: the host refuses a call frame longer than
+            # the budget allows by its length alone, as a protocol violation. The words are
+            # the host's own for arguments over the budget.
             raise ToolError(
                 "budget_exhausted",
-                f"the arguments are {len(encoded)} bytes as JSON; a call can carry at most "
-                f"{MAX_CHILD_FRAME_BYTES - 4096}",
+                f"the arguments are {size} bytes as JSON, over the per-call budget of "
+                f"{argument_bytes} bytes",
             )
-        return channel.call(name, arguments)
+        return channel.call(name, encoded)
 
     namespace = {
         "__name__": "__main__",
@@ -756,7 +798,10 @@ def run_program(channel, frame):
     tools = frame.get("tools") or []
     limits = frame.get("limits") or {}
     cap = int(limits.get("return_value_bytes") or 0)
-    namespace = _make_namespace(channel, tools)
+    argument_bytes = limits.get("argument_bytes")
+    if not isinstance(argument_bytes, int) or argument_bytes <= 0:
+        argument_bytes = MAX_CHILD_FRAME_BYTES - 1 - CALL_FRAME_ENVELOPE_BYTES
+    namespace = _make_namespace(channel, tools, argument_bytes)
     try:
         code, is_async = build_program(frame["source"])
     except SyntaxError as exc:

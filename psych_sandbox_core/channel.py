@@ -22,7 +22,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .errors import ProtocolViolation
 from .protocol import ChildFrame, HostFrame, decode_child_frame, encode_host_frame
-from .protocol.limits import MAX_CHILD_FRAME_BYTES
+from .protocol.framing import HANDSHAKE_CEILINGS, FrameCeilings, check_length, frame_kind
+from .protocol.limits import MAX_CHILD_FRAME_BYTES, MAX_FRAME_HEAD_BYTES
 
 
 class ChannelListener(ABC):
@@ -154,8 +155,20 @@ class _Prebuffered(ByteStream):
 
 
 #: A child that keeps frames coming without ever making us wait must not starve the event loop
-#: (the wall-clock timer runs on it): yield after this many frames read without waiting.
+#: (the wall-clock timer of every execution runs on it): yield after this many frames, or
+#: this many bytes, read without waiting.
 FRAMES_BETWEEN_CHECKPOINTS = 256
+BYTES_BETWEEN_CHECKPOINTS = 1024 * 1024
+
+#: Frames up to this long are decoded on the event loop: their shape is bounded by their
+#: length (a few thousand elements at most), so they cost well under a millisecond, and the
+#: binding round trip's hot path stays free of thread hops. Longer frames are decoded on a
+#: worker thread; their depth and element limits bound that work too, so no decode holds
+#: the interpreter lock (and so the loop) for more than tens of milliseconds.
+INLINE_DECODE_BYTES = 64 * 1024
+
+#: Largest single read: a larger request makes the allocator map and unmap memory per read.
+_READ_BYTES = 65536
 
 
 class FrameChannel:
@@ -163,53 +176,45 @@ class FrameChannel:
 
     Over a plain socket (the inherited-descriptor transport) it does non-blocking I/O on the
     socket itself, which is the binding round trip's hot path; over any other anyio byte
-    stream it reads through a bounded buffer. Either way bytes are bounded as they arrive.
+    stream it reads from the stream. Either way a line is held to its kind's ceiling
+    (``ceilings``, see protocol/framing.py) while it arrives, from its first bytes on.
     """
 
-    def __init__(self, transport: ByteStream | socket.socket) -> None:
+    def __init__(
+        self, transport: ByteStream | socket.socket, ceilings: FrameCeilings = HANDSHAKE_CEILINGS
+    ) -> None:
         self._sock: socket.socket | None = None
         self._stream: ByteStream | None = None
-        self._buffered: BufferedByteReceiveStream | None = None
         if isinstance(transport, socket.socket):
             transport.setblocking(False)
             self._sock = transport
         else:
             self._stream = transport
-            self._buffered = BufferedByteReceiveStream(transport)
+        #: What each kind of frame may weigh; the host narrows it once the terms are known.
+        self.ceilings = ceilings
         self._buffer = bytearray()
         self._scanned = 0
+        self._kind: str | None = None
         self._frames_without_wait = 0
+        self._bytes_without_wait = 0
         self._drained = False
         self.bytes_received = 0
 
     async def receive(self) -> ChildFrame | None:
         """The next child frame, or None at a clean end of stream.
 
-        A line that never ends is cut off at the ceiling rather than buffered. Anything
-        malformed raises ProtocolViolation.
+        A line that passes its kind's ceiling is cut off rather than buffered. Anything
+        malformed, too long, too deep or too wide raises ProtocolViolation.
         """
-        line = await (self._line_from_socket() if self._sock is not None else self._line())
+        line = await self._line()
         if line is None:
             return None
         self.bytes_received += len(line) + 1
-        return decode_child_frame(line)
+        if len(line) > INLINE_DECODE_BYTES:
+            return await anyio.to_thread.run_sync(decode_child_frame, line, self.ceilings)
+        return decode_child_frame(line, self.ceilings)
 
     async def _line(self) -> bytes | None:
-        assert self._buffered is not None
-        try:
-            return await self._buffered.receive_until(b"\n", MAX_CHILD_FRAME_BYTES)
-        except anyio.DelimiterNotFound:
-            raise _too_long() from None
-        except anyio.IncompleteRead:
-            if self._buffered.buffer:
-                raise _cut_short() from None
-            return None
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            return None
-
-    async def _line_from_socket(self) -> bytes | None:
-        sock = self._sock
-        assert sock is not None
         buffer = self._buffer
         while True:
             index = buffer.find(b"\n", self._scanned)
@@ -217,34 +222,66 @@ class FrameChannel:
                 line = bytes(buffer[:index])
                 del buffer[: index + 1]
                 self._scanned = 0
+                self._kind = None
                 self._frames_without_wait += 1
                 if self._frames_without_wait >= FRAMES_BETWEEN_CHECKPOINTS:
-                    self._frames_without_wait = 0
-                    await anyio.lowlevel.checkpoint()
+                    await self._checkpoint()
                 return line
             self._scanned = len(buffer)
+            if buffer:
+                if self._kind is None:
+                    self._kind = frame_kind(bytes(buffer[:MAX_FRAME_HEAD_BYTES]), complete=False)
+                if self._kind is not None:
+                    check_length(self._kind, len(buffer), self.ceilings)
             if len(buffer) >= MAX_CHILD_FRAME_BYTES:
                 raise _too_long()
-            if self._drained:
-                # The last read emptied the socket: in a request/reply exchange nothing new is
-                # there yet, so wait first instead of paying for a read that must fail.
-                self._drained = False
-                self._frames_without_wait = 0
-                await anyio.wait_readable(sock)
-            want = min(65536, MAX_CHILD_FRAME_BYTES + 1 - len(buffer))
-            try:
-                chunk = sock.recv(want)
-            except BlockingIOError:
-                self._drained = True
+            chunk = await self._read(min(_READ_BYTES, MAX_CHILD_FRAME_BYTES + 1 - len(buffer)))
+            if chunk is None:
                 continue
-            except OSError:
-                return None  # reset by the child: its exit status says how it ended
             if not chunk:
                 if buffer:
                     raise _cut_short()
                 return None
-            self._drained = len(chunk) < want
             buffer += chunk
+            self._bytes_without_wait += len(chunk)
+            if self._bytes_without_wait >= BYTES_BETWEEN_CHECKPOINTS:
+                await self._checkpoint()
+
+    async def _read(self, want: int) -> bytes | None:
+        """Up to ``want`` bytes; b"" at the end of the stream (or a reset: the child's exit
+        status says how it ended); None when the socket had nothing after all."""
+        if self._stream is not None:
+            try:
+                data = await self._stream.receive(want)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return b""
+            self._waited()
+            return data
+        sock = self._sock
+        assert sock is not None
+        if self._drained:
+            # The last read emptied the socket: in a request/reply exchange nothing new is
+            # there yet, so wait first instead of paying for a read that must fail.
+            self._drained = False
+            self._waited()
+            await anyio.wait_readable(sock)
+        try:
+            data = sock.recv(want)
+        except BlockingIOError:
+            self._drained = True
+            return None
+        except OSError:
+            return b""
+        self._drained = len(data) < want
+        return data
+
+    def _waited(self) -> None:
+        self._frames_without_wait = 0
+        self._bytes_without_wait = 0
+
+    async def _checkpoint(self) -> None:
+        self._waited()
+        await anyio.lowlevel.checkpoint()
 
     async def send(self, frame: HostFrame) -> None:
         data = encode_host_frame(frame)

@@ -34,7 +34,7 @@ from .attachments import (
 from .backend import Backend, BackendUnavailable, Launched, LaunchRequest, ProbeTargets
 from .bindings import BindingProvider, CallServer, ToolSpec
 from .budgets import ExecutionMeter
-from .channel import FrameChannel
+from .channel import INLINE_DECODE_BYTES, FrameChannel
 from .errors import ErrorKind, ProtocolViolation
 from .grading import Grade, Guarantee, Level, grade, level_at_least, level_of
 from .host_work import HostWork
@@ -52,6 +52,7 @@ from .protocol import (
     RunFrame,
 )
 from .protocol.codec import decode_value_json
+from .protocol.framing import FrameCeilings
 from .protocol.limits import MAX_SOURCE_BYTES
 from .result import BackendIdentity, ExecutionFailure, ExecutionResult, Usage
 from .terms import ExecutionLimits
@@ -109,6 +110,8 @@ class _State:
     grades: dict[Guarantee, Grade] = field(default_factory=dict)
     refusal: ExecutionFailure | None = None
     result: ResultFrame | None = None
+    #: The value the result frame returns, parsed once when it was checked.
+    value: Any = None
     violation: str | None = None
     timed_out: bool = False
     ran: bool = False
@@ -357,10 +360,8 @@ async def _build_result(
     value: Any = None
     value_json: str | None = None
     if failure is None and state.result is not None and state.result.value_json is not None:
-        import json
-
         value_json = state.result.value_json
-        value = json.loads(value_json)
+        value = state.value
     kept = await preserve(
         plan.output,
         stdout=stdout,
@@ -449,6 +450,7 @@ async def _supervise(
                     if early is not None and await _complete_before_exit(
                         launched, state, stdout, stderr, settled
                     ):
+                        _seen_late(wall, state)
                         with anyio.CancelScope(shield=True):
                             await early.deliver()
                         # The child exits right after its result; one that does not has
@@ -460,6 +462,8 @@ async def _supervise(
             if wall.cancelled_caught:
                 state.timed_out = not state.cancelled
                 await launched.terminate(plan.limits.grace_seconds)
+            else:
+                _seen_late(wall, state)
         finally:
             with anyio.CancelScope(shield=True):
                 status = await launched.finish()
@@ -474,6 +478,13 @@ async def _supervise(
                     await state.after_result.aclose()
                     state.after_result = None
     return status
+
+
+def _seen_late(wall: anyio.CancelScope, state: _State) -> None:
+    """An end the host saw only after the deadline is a timeout all the same: the deadline
+    fires at the loop's next turn, and the program's last frames may have been read first."""
+    if anyio.current_time() >= wall.deadline:
+        state.timed_out = not state.cancelled
 
 
 @dataclass(frozen=True)
@@ -646,6 +657,11 @@ async def _converse(
             state.artifacts = wanted
         elif wanted is not None:
             state.artifacts_refused = wanted
+        argument_bytes = calls.budgets.argument_bytes_per_call
+        # From here on each kind of frame is held to what these terms allow it to weigh.
+        channel.ceilings = FrameCeilings.for_execution(
+            argument_bytes=argument_bytes, return_value_bytes=plan.limits.return_value_bytes
+        )
         await channel.send(
             RunFrame(
                 source=plan.source,
@@ -656,6 +672,7 @@ async def _converse(
                     file_size_bytes=plan.limits.file_size_bytes,
                     processes=plan.limits.processes,
                     return_value_bytes=plan.limits.return_value_bytes,
+                    argument_bytes=argument_bytes,
                 ),
                 artifacts=None if state.artifacts is None else state.artifacts.request,
                 end_marker=end_marker,
@@ -671,13 +688,16 @@ async def _converse(
                     if state.artifacts is not None and state.artifacts.started:
                         raise ProtocolViolation("a call after the program's files were sent")
                     await channel.send(await calls.answer(frame))
+                    # Dropped before the next frame is read: a wide tree freed young is never
+                    # aged by the collector (see protocol/codec.py).
+                    del frame
                     if calls.work.exhausted():
                         # The host's work for it and its own CPU reached its CPU limit.
                         raise _CpuSpentWithHost()
                 elif isinstance(frame, ResultFrame):
                     if state.artifacts is not None:
                         state.artifacts.at_result()
-                    _check_result(frame, plan.limits.return_value_bytes)
+                    state.value = await _checked_value(frame, plan.limits.return_value_bytes)
                     state.result = frame
                     if state.artifacts is not None:
                         state.after_result, channel = channel, None
@@ -700,13 +720,17 @@ async def _converse(
                 await channel.aclose()
 
 
-def _check_result(frame: ResultFrame, cap: int) -> None:
-    # A result frame is as hostile as any other: the program can write one itself, bypassing
-    # the bootstrap's own checks, so its value and shape are checked again here.
-    if frame.outcome == "returned" and frame.value_json is not None:
-        decode_value_json(frame.value_json, cap)
+async def _checked_value(frame: ResultFrame, cap: int) -> Any:
+    """The value a result frame returns (None if none), checked again: the program can write
+    a result frame itself, bypassing the bootstrap's own checks."""
     if frame.outcome == "raised" and frame.error is None:
         raise ProtocolViolation("a result frame with outcome 'raised' carries no error")
+    if frame.outcome != "returned" or frame.value_json is None:
+        return None
+    if len(frame.value_json) > INLINE_DECODE_BYTES:
+        # Off the event loop, as a large frame is (see channel.py).
+        return await anyio.to_thread.run_sync(decode_value_json, frame.value_json, cap)
+    return decode_value_json(frame.value_json, cap)
 
 
 def _reported_connections(hello: HelloFrame) -> int:

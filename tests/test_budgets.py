@@ -314,3 +314,29 @@ async def test_a_run_spanning_executions_is_counted_in_a_durable_log_by_default(
         assert await log.calls_in_run("durable") == 2
     finally:
         await log.aclose()
+
+
+async def test_arguments_travel_as_utf8_and_the_child_refuses_those_over_the_budget() -> None:
+    # 7,811 bytes as UTF-8, within the budget; escaped as ASCII they would be three times
+    # the call frame's ceiling (budget plus envelope), and the host would refuse the frame.
+    seen: list[int] = []
+    budgets = BindingBudgets(argument_bytes_per_call=8000)
+    async with Sandbox(deployment(budgets)) as sandbox:
+        result = await sandbox.run(
+            """
+fits = await take(data="é" * 3900)
+try:
+    await take(data="é" * 4100)
+except ToolError as exc:
+    return [fits, exc.kind, exc.message]
+""",
+            profile=PROFILE,
+            bindings=FunctionBindings({"take": lambda data: seen.append(len(data)) or len(data)}),
+        )
+    assert result.error is None, result.error
+    fits, kind, message = result.return_value
+    assert (fits, kind) == (3900, "budget_exhausted")
+    assert "8211 bytes as JSON, over the per-call budget of 8000" in message
+    # The larger call never reached the host: refused by the child, no id spent.
+    assert seen == [3900] and len(result.calls) == 1
+    assert result.calls[0]["argument_bytes"] == len('{"data":""}') + 2 * 3900

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 from typing import Any
+from unittest import mock
 
 import anyio
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from psych_sandbox_core import bootstrap
 from psych_sandbox_core.bindings import CallServer, FunctionBindings
+from psych_sandbox_core.budgets import MAX_ARGUMENT_BYTES_PER_CALL
 from psych_sandbox_core.channel import FrameChannel
 from psych_sandbox_core.errors import ProtocolViolation
 from psych_sandbox_core.protocol import (
@@ -32,9 +34,22 @@ from psych_sandbox_core.protocol import (
     decode_child_frame,
     decode_host_frame,
     encode_host_frame,
+    shape,
 )
 from psych_sandbox_core.protocol import limits as protocol_limits
-from psych_sandbox_core.protocol.limits import MAX_CALL_ID, MAX_CHILD_FRAME_BYTES
+from psych_sandbox_core.protocol.codec import FRAME_SHAPE, decode_value_json
+from psych_sandbox_core.protocol.framing import (
+    CHANNEL_CEILINGS,
+    HANDSHAKE_CEILINGS,
+    FrameCeilings,
+    frame_kind,
+)
+from psych_sandbox_core.protocol.limits import (
+    MAX_CALL_ID,
+    MAX_CHILD_FRAME_BYTES,
+    MAX_HELLO_FRAME_BYTES,
+)
+from psych_sandbox_core.protocol.shape import SCAN_CHUNK_BYTES, check_shape
 
 # ---------------------------------------------------------------- strategies
 
@@ -301,16 +316,18 @@ def test_largest_return_value_cap_fits_one_frame_even_fully_escaped() -> None:
 # ---------------------------------------------------------------- bounded reading
 
 
-@pytest.mark.anyio
-async def test_frame_channel_cuts_off_a_line_that_never_ends() -> None:
-    host_sock, child_sock = socket.socketpair()
-    channel = FrameChannel(await SocketStream.from_socket(host_sock))
+async def _flood(head: bytes, channel: FrameChannel, child_sock: socket.socket) -> tuple[str, int]:
+    """Write ``head`` then endless bytes until the reader gives up; what it said, and how
+    much was written."""
     child_sock.setblocking(False)
     chunk = b"a" * (1024 * 1024)
     sent = 0
+    message = ""
 
     async def flood() -> None:
         nonlocal sent
+        await anyio.wait_writable(child_sock)
+        child_sock.sendall(head)
         # Keep writing past the ceiling until the host hangs up on us.
         while sent < 4 * MAX_CHILD_FRAME_BYTES:
             await anyio.wait_writable(child_sock)
@@ -322,13 +339,42 @@ async def test_frame_channel_cuts_off_a_line_that_never_ends() -> None:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(flood)
-            with pytest.raises(ProtocolViolation, match="without a newline"):
+            with pytest.raises(ProtocolViolation) as raised:
                 await channel.receive()
+            message = str(raised.value)
             await channel.aclose()
     finally:
         child_sock.close()
+    return message, sent
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("ceilings", "expected"),
+    [
+        (HANDSHAKE_CEILINGS, f"longer than its ceiling of {MAX_HELLO_FRAME_BYTES}"),
+        (CHANNEL_CEILINGS, f"ceiling of {MAX_CHILD_FRAME_BYTES}"),
+    ],
+    ids=["kind-ceiling", "channel-ceiling"],
+)
+async def test_frame_channel_cuts_off_a_line_that_never_ends(
+    ceilings: FrameCeilings, expected: str
+) -> None:
+    host_sock, child_sock = socket.socketpair()
+    channel = FrameChannel(await SocketStream.from_socket(host_sock), ceilings)
+    message, sent = await _flood(b'{"type":"hello","protocol":1,"x":"', channel, child_sock)
+    assert expected in message
     # The reader stopped near the ceiling: what the flood pushed beyond it sits at most in
     # the socket buffers, not in the host.
+    assert sent < 4 * MAX_CHILD_FRAME_BYTES
+
+
+@pytest.mark.anyio
+async def test_frame_channel_refuses_a_line_without_a_type_within_its_head() -> None:
+    host_sock, child_sock = socket.socketpair()
+    channel = FrameChannel(await SocketStream.from_socket(host_sock))
+    message, sent = await _flood(b"", channel, child_sock)
+    assert "must begin with its type" in message
     assert sent < 4 * MAX_CHILD_FRAME_BYTES
 
 
@@ -349,6 +395,187 @@ async def test_frame_channel_end_of_stream_and_torn_frame() -> None:
     child_sock.close()
     assert await channel.receive() is None
     await channel.aclose()
+
+
+# ---------------------------------------------------------------- shape before parsing
+
+#: Strings that look like structure, or escape: the pre-scan must see through them.
+tricky_text = st.text(alphabet='[]{},:"\\ab\u00e9\U0001f600\n', max_size=12)
+shape_value = st.recursive(
+    json_scalar | tricky_text,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(tricky_text, inner, max_size=5),
+    max_leaves=40,
+)
+encodings = st.fixed_dictionaries(
+    {
+        "ensure_ascii": st.booleans(),
+        "indent": st.none() | st.integers(0, 2),
+        "separators": st.sampled_from([(",", ":"), (", ", ": "), (" ,\t", "\r: ")]),
+    }
+)
+
+
+def reference_shape(value: Any) -> tuple[int, int]:
+    """Depth and elements computed from the parsed value, as shape.py defines them."""
+    if isinstance(value, (list, dict)):
+        members = list(value.values()) if isinstance(value, dict) else value
+        inner = [reference_shape(member) for member in members]
+        depth = 1 + max((d for d, _ in inner), default=0)
+        # "[" or "{", a "," between members, and a ":" in each object member.
+        own = 1 + max(len(members) - 1, 0) + (len(members) if isinstance(value, dict) else 0)
+        return depth, own + sum(e for _, e in inner)
+    return 0, 0
+
+
+@pytest.mark.parametrize("step", [3, 7, SCAN_CHUNK_BYTES], ids=lambda n: f"step={n}")
+@given(value=shape_value, encoding=encodings)
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_the_prescan_agrees_with_json_on_valid_text(
+    step: int, value: Any, encoding: dict[str, Any]
+) -> None:
+    data = json.dumps(value, **encoding).encode()
+    depth, elements = reference_shape(json.loads(data))
+    # Small steps put step boundaries inside strings, escapes and runs of backslashes.
+    with mock.patch.object(shape, "SCAN_CHUNK_BYTES", step):
+        assert shape.measure(data) == shape.Shape(depth, elements)
+        shape.check_shape(data, shape.ShapeLimits(depth, elements, "D", "E"), "it")
+        if depth:
+            with pytest.raises(ProtocolViolation, match=r"deeper than .* \(D spent\)"):
+                shape.check_shape(data, shape.ShapeLimits(depth - 1, elements, "D", "E"), "it")
+        if elements:
+            with pytest.raises(ProtocolViolation, match=r"more than .* \(E spent\)"):
+                shape.check_shape(data, shape.ShapeLimits(depth, elements - 1, "D", "E"), "it")
+
+
+@pytest.mark.parametrize("step", [2, 5, SCAN_CHUNK_BYTES], ids=lambda n: f"step={n}")
+@given(data=st.binary(max_size=512) | st.text('[]{},:"\\ a1').map(str.encode))
+@settings(max_examples=300)
+def test_the_prescan_never_fails_on_arbitrary_bytes(step: int, data: bytes) -> None:
+    with mock.patch.object(shape, "SCAN_CHUNK_BYTES", step):
+        measured = shape.measure(data)
+        assert measured.depth >= 0 and measured.elements >= 0
+        try:
+            shape.check_shape(data, shape.ShapeLimits(3, 5, "D", "E"), "it")
+        except ProtocolViolation:
+            pass
+
+
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        pytest.param(b"[" * 10_000_000, "MAX_FRAME_DEPTH", id="deep"),
+        pytest.param(b"[" + b"[]," * 5_000_000 + b"[]]", "MAX_FRAME_ELEMENTS", id="wide"),
+        pytest.param(b"[" + b"1," * 5_000_000 + b"1]", "MAX_FRAME_ELEMENTS", id="numbers"),
+        pytest.param(b'["' + b"[[[,,," * 2_000_000 + b'"]', None, id="structure-in-a-string"),
+        pytest.param(b'["' + b'\\"[' * 2_000_000 + b'"]', None, id="escaped-quotes"),
+        pytest.param(b"]" * 10_000_000, None, id="closing-only"),
+    ],
+)
+def test_the_prescan_stops_early_and_sees_through_strings(data: bytes, names: str | None) -> None:
+    if names is None:
+        check_shape(data, FRAME_SHAPE, "a frame")
+    else:
+        with pytest.raises(ProtocolViolation, match=names):
+            check_shape(data, FRAME_SHAPE, "a frame")
+
+
+def test_a_frame_past_a_shape_limit_is_refused_before_the_parser_sees_it() -> None:
+    head = b'{"type":"call","id":0,"name":"a","arguments":{"x":'
+    # Past the parser's own recursion limit too: the message names ours, not the parser's.
+    with pytest.raises(ProtocolViolation, match="MAX_FRAME_DEPTH"):
+        decode_child_frame(head + b"[" * 300 + b"]" * 300 + b"}}")
+    with pytest.raises(ProtocolViolation, match="MAX_FRAME_ELEMENTS"):
+        decode_child_frame(head + b"[" + b"0," * protocol_limits.MAX_FRAME_ELEMENTS + b"0]}}")
+    # Just within both: the deepest and widest arguments an honest child may send.
+    deepest = head + b"[" * protocol_limits.MAX_JSON_DEPTH + b"]" * protocol_limits.MAX_JSON_DEPTH
+    assert isinstance(decode_child_frame(deepest + b"}}"), CallFrame)
+    widest = b"[" + b"0," * (protocol_limits.MAX_JSON_ELEMENTS - 2) + b"0]"
+    assert isinstance(decode_child_frame(head + widest + b"}}"), CallFrame)
+
+
+def test_a_value_past_a_shape_limit_is_refused_before_the_parser_sees_it() -> None:
+    cap = 1 << 22
+    deep = "[" * (protocol_limits.MAX_JSON_DEPTH + 1) + "]" * (protocol_limits.MAX_JSON_DEPTH + 1)
+    with pytest.raises(ProtocolViolation, match="MAX_JSON_DEPTH"):
+        decode_value_json(deep, cap)
+    wide = "[" + "0," * protocol_limits.MAX_JSON_ELEMENTS + "0]"
+    with pytest.raises(ProtocolViolation, match="MAX_JSON_ELEMENTS"):
+        decode_value_json(wide, cap)
+    assert decode_value_json("[" * 128 + "]" * 128, cap) is not None
+
+
+# ---------------------------------------------------------------- a frame's kind and ceiling
+
+
+@pytest.mark.parametrize(
+    ("head", "complete", "kind"),
+    [
+        (b'{"type":"call",', False, "call"),
+        (b'{"type":"result"}', True, "result"),
+        (b'{ "type" : "artifact_skipped" ,', False, "artifact_skipped"),
+        (b'{"type":"ca', False, None),
+        (b"{", False, None),
+        (b"", False, None),
+    ],
+)
+def test_a_frame_kind_is_known_from_its_head(head: bytes, complete: bool, kind: str) -> None:
+    assert frame_kind(head, complete=complete) == kind
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b'{"id":0,"type":"call"}',
+        b'{"type":"reply","id":0}',
+        b'{"type":"c\\u0061ll",',
+        b'{"type":"call"',
+        b"[1]",
+        b'{"type"' + b" " * 64 + b':"call",',
+        b"\xff" * 64,
+    ],
+)
+def test_a_head_that_names_no_child_frame_is_refused(head: bytes) -> None:
+    with pytest.raises(ProtocolViolation):
+        frame_kind(head, complete=True)
+    if len(head) >= protocol_limits.MAX_FRAME_HEAD_BYTES:
+        with pytest.raises(ProtocolViolation):
+            frame_kind(head, complete=False)
+
+
+def test_each_kind_has_a_ceiling_and_a_call_follows_the_argument_budget() -> None:
+    ceilings = FrameCeilings.for_execution(argument_bytes=1000, return_value_bytes=100)
+    assert ceilings.of("call") == 1000 + protocol_limits.CALL_FRAME_ENVELOPE_BYTES
+    assert ceilings.of("hello") == MAX_HELLO_FRAME_BYTES
+    assert ceilings.of("artifact") == ceilings.of("artifact_skipped")
+    assert ceilings.of("artifact") > protocol_limits.ARTIFACT_CHUNK_BASE64_CHARS
+    # A result carries a value or a raised error's text, whichever is larger.
+    assert ceilings.of("result") == (
+        protocol_limits.RESULT_TEXT_BYTES + protocol_limits.RESULT_FRAME_OVERHEAD_BYTES
+    )
+    largest = FrameCeilings.for_execution(
+        argument_bytes=MAX_ARGUMENT_BYTES_PER_CALL,
+        return_value_bytes=protocol_limits.max_return_value_bytes(),
+    )
+    for kind in ("hello", "call", "result", "artifact"):
+        assert largest.of(kind) < MAX_CHILD_FRAME_BYTES
+    call = b'{"type":"call","id":0,"name":"a","arguments":{"x":"' + b"a" * 1000 + b'"}}'
+    with pytest.raises(ProtocolViolation, match="call frame longer than its ceiling"):
+        decode_child_frame(call + b" " * (ceilings.of("call") - len(call) + 1), ceilings)
+    assert isinstance(decode_child_frame(call, ceilings), CallFrame)
+
+
+def test_the_largest_honest_call_frame_fits_its_ceiling() -> None:
+    # The envelope's worst case: the longest id and a name of characters that escape to 12
+    # bytes each, as the bootstrap writes it (arguments are sent as UTF-8 text).
+    name = "\U0001f600" * protocol_limits.MAX_TOOL_NAME_CHARS
+    arguments = bootstrap.json_text({"x": "é" * 500})
+    head = bootstrap.json_dumps({"type": "call", "id": MAX_CALL_ID, "name": name})[:-1]
+    line = (head + ',"arguments":' + arguments + "}").encode()
+    budget = len(arguments.encode())
+    ceilings = FrameCeilings.for_execution(argument_bytes=budget, return_value_bytes=1)
+    assert len(line) <= ceilings.of("call")
+    frame = decode_child_frame(line, ceilings)
+    assert isinstance(frame, CallFrame) and frame.arguments == {"x": "é" * 500}
 
 
 # ---------------------------------------------------------------- call ids
@@ -377,6 +604,9 @@ def test_bootstrap_copies_of_protocol_constants_match() -> None:
     assert bootstrap.MAX_HOST_FRAME_BYTES == protocol_limits.MAX_HOST_FRAME_BYTES
     assert bootstrap.MAX_CHILD_FRAME_BYTES == protocol_limits.MAX_CHILD_FRAME_BYTES
     assert bootstrap.MAX_JSON_DEPTH == protocol_limits.MAX_JSON_DEPTH
+    assert bootstrap.MAX_JSON_ELEMENTS == protocol_limits.MAX_JSON_ELEMENTS
+    assert bootstrap.CALL_FRAME_ENVELOPE_BYTES == protocol_limits.CALL_FRAME_ENVELOPE_BYTES
+    assert bootstrap.MAX_TOOL_NAME_CHARS == protocol_limits.MAX_TOOL_NAME_CHARS
     # The filename that marks the model's frames is not a path anything could also be named.
     assert bootstrap.PROGRAM_FILENAME.startswith("<") and bootstrap.PROGRAM_FILENAME.endswith(">")
 

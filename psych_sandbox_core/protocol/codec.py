@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import gc
 import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -12,10 +16,24 @@ from pydantic_core import from_json
 
 from ..errors import ProtocolViolation
 from .frames import ChildFrame, HostFrame
-from .limits import MAX_CHILD_FRAME_BYTES
+from .framing import CHANNEL_CEILINGS, FrameCeilings, check_length, frame_kind
+from .limits import (
+    MAX_CHILD_FRAME_BYTES,
+    MAX_FRAME_DEPTH,
+    MAX_FRAME_ELEMENTS,
+    MAX_JSON_DEPTH,
+    MAX_JSON_ELEMENTS,
+)
+from .shape import ShapeLimits, check_shape
 
 _CHILD_FRAMES: TypeAdapter[ChildFrame] = TypeAdapter(ChildFrame)
 _HOST_FRAMES: TypeAdapter[HostFrame] = TypeAdapter(HostFrame)
+
+#: What a whole frame, and a value it carries as JSON text, may nest and hold.
+FRAME_SHAPE = ShapeLimits(
+    MAX_FRAME_DEPTH, MAX_FRAME_ELEMENTS, "MAX_FRAME_DEPTH", "MAX_FRAME_ELEMENTS"
+)
+VALUE_SHAPE = ShapeLimits(MAX_JSON_DEPTH, MAX_JSON_ELEMENTS, "MAX_JSON_DEPTH", "MAX_JSON_ELEMENTS")
 
 
 def encode_host_frame(frame: HostFrame) -> bytes:
@@ -23,53 +41,91 @@ def encode_host_frame(frame: HostFrame) -> bytes:
     return _HOST_FRAMES.dump_json(frame) + b"\n"
 
 
-def decode_child_frame(line: bytes) -> ChildFrame:
+def decode_child_frame(line: bytes, ceilings: FrameCeilings = CHANNEL_CEILINGS) -> ChildFrame:
     """Rebuild one child frame from its line, or raise ProtocolViolation saying what was wrong.
 
-    The caller has already bounded ``line`` while reading; this checks again so the codec is
-    safe on its own.
+    Nothing is parsed until the line's kind, length and shape are known to be within their
+    limits. The caller has already bounded ``line`` while reading; this checks again so the
+    codec is safe on its own.
     """
     if len(line) > MAX_CHILD_FRAME_BYTES:
         raise ProtocolViolation(
             f"child frame of {len(line)} bytes exceeds the {MAX_CHILD_FRAME_BYTES}-byte ceiling"
         )
+    kind = frame_kind(line, complete=True)
+    assert kind is not None
+    check_length(kind, len(line), ceilings)
+    check_shape(line, FRAME_SHAPE, f"a {kind} frame")
     try:
         # Parsed apart from validation so no non-finite number can ride inside an untyped
         # field (a tool's arguments): NaN/Infinity literals are refused by the parser, and an
         # overflowing literal such as 1e999 (parsed as infinity) by the walk.
-        parsed = from_json(line, allow_inf_nan=False, cache_strings=False)
+        with collector_paused():
+            parsed = from_json(line, allow_inf_nan=False, cache_strings=False)
         if _may_hold_a_float(line):
             _refuse_non_finite(parsed)
     except ValueError as exc:
         raise ProtocolViolation(f"malformed frame from child: {exc}") from None
     try:
-        return _CHILD_FRAMES.validate_python(parsed, strict=True)
+        with collector_paused():
+            frame = _CHILD_FRAMES.validate_python(parsed, strict=True)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in err['loc']) or '<frame>'}: {err['msg']}"
             for err in exc.errors(include_url=False, include_input=False)[:5]
         )
         raise ProtocolViolation(f"malformed frame from child: {problems}") from None
+    if frame.type != kind:
+        # A second "type" key later in the line: the ceiling applied was another kind's.
+        raise ProtocolViolation(
+            f"malformed frame from child: it begins as {kind!r} but parses as {frame.type!r}"
+        )
+    return frame
 
 
 def decode_value_json(text: str, cap: int) -> Any:
     """The JSON value a child's frame carries as text, under ``cap`` bytes and finite only,
     or ProtocolViolation: the honest bootstrap never sends anything else."""
-    size = len(text.encode("utf-8", errors="surrogatepass"))
-    if size > cap:
-        raise ProtocolViolation(f"a value of {size} bytes exceeds the {cap}-byte cap")
+    data = text.encode("utf-8", errors="surrogatepass")
+    if len(data) > cap:
+        raise ProtocolViolation(f"a value of {len(data)} bytes exceeds the {cap}-byte cap")
+    check_shape(data, VALUE_SHAPE, "a value")
     try:
-        value = from_json(text, allow_inf_nan=False, cache_strings=False)
+        with collector_paused():
+            value = from_json(data, allow_inf_nan=False, cache_strings=False)
         _refuse_non_finite(value)
     except ValueError as exc:
         raise ProtocolViolation(f"a value in a frame is not JSON: {exc}") from None
     return value
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the parser builds a tree (it holds the interpreter
+    lock throughout, so nothing else allocates meanwhile). Each collection during the parse
+    would find the half-built tree alive and age it, until a full collection walks every
+    object of the process: a frame of tens of thousands of elements would then stall the
+    host for tens of milliseconds. A tree that is dropped soon after (a refused call) is
+    freed young. Left paused if something else paused it."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+#: A number with a fraction or an exponent (the only literals that can parse as infinite),
+#: where a value may start: after "[", "," or ":" (a key or a string starts with a quote).
+_FLOAT_LITERAL = re.compile(rb"[\[,:][ \t\r]*-?[0-9]+[.eE]")
+
+
 def _may_hold_a_float(line: bytes) -> bool:
     # Integers parse exactly however long they are; only a literal with a fraction or an
-    # exponent can become infinite. Most frames have neither, and skip the walk.
-    return b"." in line or b"e" in line or b"E" in line
+    # exponent can become infinite. Most frames have none, and skip the walk.
+    return _FLOAT_LITERAL.search(line) is not None
 
 
 def _refuse_non_finite(value: Any) -> None:

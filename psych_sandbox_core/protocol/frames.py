@@ -159,6 +159,10 @@ class ChildLimits(Frame):
     file_size_bytes: int | None
     processes: int | None
     return_value_bytes: int
+    #: The execution's argument budget per call, in bytes of JSON as UTF-8 (None: only the
+    #: channel's ceiling). The child refuses larger arguments itself: a call frame longer
+    #: than this plus its envelope is a protocol violation, refused by its length.
+    argument_bytes: Annotated[int, Field(gt=0)] | None = None
 
 
 class ArtifactRequest(Frame):

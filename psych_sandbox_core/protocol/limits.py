@@ -9,12 +9,35 @@ from __future__ import annotations
 #: Version spoken by this host and the bootstrap shipped beside it.
 PROTOCOL_VERSION = 1
 
-#: Largest frame the host accepts from a child, in bytes, newline included. A child frame
-#: carries either the containment report (a few KB), one binding call (its arguments are
-#: separately capped by the budget, a few MB at most) or the result (the return value is
-#: capped by configuration, tens of KB by default). 16 MiB leaves room for every configured
-#: cap we allow while bounding what a hostile child can make the host buffer.
+#: Largest frame the host accepts from a child, in bytes, newline included: the channel's
+#: absolute ceiling, whatever the frame's kind. A child frame carries either the containment
+#: report (a few KB), one binding call (its arguments are separately capped by the budget, a
+#: few MB at most) or the result (the return value is capped by configuration, tens of KB by
+#: default). 16 MiB leaves room for every configured cap we allow while bounding what a
+#: hostile child can make the host buffer. Each kind has a tighter ceiling of its own, below.
 MAX_CHILD_FRAME_BYTES = 16 * 1024 * 1024
+
+#: Every child frame begins with its type, ``{"type":"KIND",``, within this many bytes (the
+#: bootstrap writes it first, without spaces). The reader knows a frame's kind, and so its
+#: ceiling, from these first bytes: a frame longer than its kind allows is cut off while it
+#: arrives, before any of it is parsed.
+MAX_FRAME_HEAD_BYTES = 64
+
+#: Longest hello frame. The report's fields are all bounded by the frame model: 256 interface
+#: names of 64 characters and two 4096-character strings, each character at most 12 bytes
+#: once escaped, plus 32 limits, come to about 300 KB.
+MAX_HELLO_FRAME_BYTES = 512 * 1024
+
+#: A call frame's bytes around its arguments: the type, an id of at most 16 digits and a
+#: tool name of at most 256 characters (12 bytes each at worst, escaped). The call frame
+#: ceiling is the execution's argument budget plus this, so arguments over the budget are
+#: refused by the frame's length, before they are parsed.
+CALL_FRAME_ENVELOPE_BYTES = 4 * 1024
+
+#: An artifact frame's bytes around its chunk: a path of at most 4096 characters (12 bytes
+#: each at worst, escaped), an offset and a flag. Also the ceiling of an artifact_skipped
+#: frame, which carries a path and a reason only.
+ARTIFACT_FRAME_ENVELOPE_BYTES = 64 * 1024
 
 #: Largest frame the host sends to a child. The run frame carries the program source and the
 #: tool names; a reply carries one binding result under the per-call result ceiling.
@@ -45,9 +68,26 @@ MAX_CALL_ID = 2**53 - 1
 MAX_FRAMES_MARGIN = 16
 
 
+#: Room for a raised result's text: its message and traceback, each at most MAX_TEXT_CHARS
+#: characters of up to 12 bytes once escaped (a character outside the BMP as a surrogate
+#: pair). A result carries this text or a value, never both.
+RESULT_TEXT_BYTES = 2 * MAX_TEXT_CHARS * 12
+
+
 def max_return_value_bytes() -> int:
     """Largest return-value cap a configuration may set and still fit in one frame."""
     return (MAX_CHILD_FRAME_BYTES - RESULT_FRAME_OVERHEAD_BYTES) // JSON_STRING_ESCAPE_FACTOR
+
+
+def call_frame_ceiling(argument_bytes: int) -> int:
+    """Longest call frame for an argument budget of ``argument_bytes`` (newline excluded)."""
+    return min(argument_bytes + CALL_FRAME_ENVELOPE_BYTES, MAX_CHILD_FRAME_BYTES - 1)
+
+
+def result_frame_ceiling(return_value_bytes: int) -> int:
+    """Longest result frame for a return-value cap of ``return_value_bytes``."""
+    carried = max(return_value_bytes * JSON_STRING_ESCAPE_FACTOR, RESULT_TEXT_BYTES)
+    return min(carried + RESULT_FRAME_OVERHEAD_BYTES, MAX_CHILD_FRAME_BYTES - 1)
 
 
 #: Deepest JSON nesting a program may return or pass to a tool. The host's JSON parser stops
@@ -55,6 +95,23 @@ def max_return_value_bytes() -> int:
 #: deeper data itself (as invalid output, or a TypeError in the program) rather than let an
 #: honest program's frame be taken for a protocol violation.
 MAX_JSON_DEPTH = 128
+
+#: Most elements in a JSON value a program may return or pass to a tool, counted on the raw
+#: text as the ``[``, ``{``, ``,`` and ``:`` outside strings (one per value or key the parser
+#: builds; see protocol/shape.py). A parse costs up to a few hundred nanoseconds and about a
+#: hundred bytes per element, holding the interpreter lock: 2**17 elements bounds one frame
+#: to tens of milliseconds and megabytes, while a list of a hundred thousand numbers still
+#: fits. The bootstrap refuses larger data itself, as it does deeper data.
+MAX_JSON_ELEMENTS = 2**16
+
+#: Nesting a frame adds around the value it carries (a call's arguments sit one level down),
+#: and elements of its own (the hello's report is the widest: 32 limits, 256 interface
+#: names). A frame deeper or wider than this allows is refused before it is parsed, so the
+#: parser's own recursion limit (about 200 levels) is never what stops it.
+FRAME_NESTING = 2
+FRAME_ELEMENTS = 1024
+MAX_FRAME_DEPTH = MAX_JSON_DEPTH + FRAME_NESTING
+MAX_FRAME_ELEMENTS = MAX_JSON_ELEMENTS + FRAME_ELEMENTS
 
 
 #: Raw bytes in one artifact frame. A file travels as consecutive chunks of exactly this size
@@ -71,3 +128,5 @@ MAX_ARTIFACT_PATH_CHARS = 4096
 MAX_ARTIFACT_ENTRIES = 10_000
 #: Deepest directory either walk enters below the collected folder.
 MAX_ARTIFACT_DEPTH = 32
+#: Longest artifact or artifact_skipped frame: a full chunk and its envelope.
+MAX_ARTIFACT_FRAME_BYTES = ARTIFACT_CHUNK_BASE64_CHARS + ARTIFACT_FRAME_ENVELOPE_BYTES
