@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .grading import Guarantee
+from .libraries import format_libraries, list_libraries
 from .profiles import DEFAULT_PROFILE, DeploymentConfig, ProfileConfig
 from .registry import BackendRegistry
 from .sandbox import availability
@@ -74,7 +75,8 @@ async def diagnose(config: DeploymentConfig, registry: BackendRegistry) -> dict[
         if row["backend"] is None:
             row["backend"] = strongest
             row["selected"] = "strongest working backend"
-    return {"backends": backends, "profiles": profiles}
+    libraries = await list_libraries(config, registry, profiles, {b for _, b in working})
+    return {"backends": backends, "profiles": profiles, "libraries": libraries}
 
 
 def format_doctor(report: dict[str, Any]) -> str:
@@ -97,6 +99,7 @@ def format_doctor(report: dict[str, Any]) -> str:
                     lines.append(f"      {guarantee.value:<14} {value}")
     lines.append("Profiles:")
     lines.extend(_profile_line(row) for row in report["profiles"])
+    lines.extend(format_libraries(report.get("libraries", {})))
     return "\n".join(lines)
 
 
