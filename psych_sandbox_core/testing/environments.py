@@ -21,6 +21,8 @@ from importlib import metadata
 from pathlib import Path
 
 from ..interpreter import SYSTEM_CANDIDATES, reachable_by_others
+from ..result import ExecutionResult
+from ..sandbox import Sandbox
 
 #: The tiny distribution the tests install: its module returns a value no standard module has.
 TINY_DISTRIBUTION = "psych-tiny-library"
@@ -191,3 +193,59 @@ def copy_distributions(site: Path, names: Iterable[str]) -> list[str]:
             shutil.copy2(source, target)
     readable_by_all(site)
     return sorted(done)
+
+
+async def chart_bytes(sandbox: Sandbox, result: ExecutionResult) -> bytes:
+    """The chart.png MATPLOTLIB_CHART left, as it came back: checked to be the artifact the
+    result lists (digest, type, size) and a PNG image with a size."""
+    assert result.error is None, result.error
+    (chart,) = [artifact for artifact in result.artifacts if artifact.path == "chart.png"]
+    data = await sandbox.attachments.read_all(
+        chart.attachment, tenant=result.tenant or "default", run_id=result.run_id or ""
+    )
+    assert chart.content_type == "image/png"
+    assert chart.size_bytes == len(data) and chart.sha256 == hashlib.sha256(data).hexdigest()
+    # The signature, then the IHDR chunk: width and height, big-endian.
+    assert data.startswith(PNG_SIGNATURE) and data[12:16] == b"IHDR"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width > 0 and height > 0
+    return data
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, str]]:
+    """Every entry under ``root`` with its mode and content digest (link target for links),
+    as the host sees them: compared before and after a run, proves nothing changed."""
+    state: dict[str, tuple[int, str]] = {}
+    for directory, dirnames, files in os.walk(root):
+        for name in [*dirnames, *files]:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                content = os.readlink(path)
+            elif stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as fh:
+                    content = hashlib.sha256(fh.read()).hexdigest()
+            else:
+                content = ""
+            state[os.path.relpath(path, root)] = (info.st_mode, content)
+    return state
+
+
+#: A program that tries to change the environment it imports from, and says what happened.
+TAMPER_WITH = """
+import os, {module}
+package = os.path.dirname({module}.__file__)
+outcomes = []
+for attempt in (
+    lambda: open(os.path.join(package, "__init__.py"), "a").write("ANSWER = 'changed'"),
+    lambda: open(os.path.join(os.path.dirname(package), "planted.py"), "w").write("x = 1"),
+    lambda: os.remove(os.path.join(package, "__init__.py")),
+    lambda: os.rename(package, package + "-moved"),
+):
+    try:
+        attempt()
+        outcomes.append("done")
+    except OSError as error:
+        outcomes.append(type(error).__name__)
+outcomes
+""".replace("{module}", TINY_MODULE)
