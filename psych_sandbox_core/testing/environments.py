@@ -233,7 +233,7 @@ def tree_state(root: Path) -> dict[str, tuple[int, str]]:
 
 #: A program that tries to change the environment it imports from, and says what happened.
 TAMPER_WITH = """
-import os, {module}
+import errno, os, {module}
 package = os.path.dirname({module}.__file__)
 outcomes = []
 for attempt in (
@@ -246,6 +246,6 @@ for attempt in (
         attempt()
         outcomes.append("done")
     except OSError as error:
-        outcomes.append(type(error).__name__)
+        outcomes.append(errno.errorcode.get(error.errno, "?"))
 outcomes
 """.replace("{module}", TINY_MODULE)
