@@ -173,12 +173,16 @@ class Environment:
     base: str
 
 
-def resolve_environment(root: str, *, reachable_by_any_uid: bool, runner: str) -> Environment:
+def resolve_environment(
+    root: str, *, reachable_by_any_uid: bool, runner: str, bound_read_only: bool
+) -> Environment:
     """The environment at ``root`` (already validated), checked for ``runner``.
 
     When the program runs as another, unprivileged uid, the whole environment must be
     readable by any uid: a package it cannot read would fail at import, mid-program, as if
-    the program were at fault. Checked here, at load, naming what is not readable.
+    the program were at fault. Unless the backend binds it read-only, nothing in it may be
+    writable by any uid either: one program could plant code every later one imports.
+    Checked here, at load, naming what is at fault.
     """
     executable = environment_executable(root)
     if executable is None:
@@ -191,50 +195,67 @@ def resolve_environment(root: str, *, reachable_by_any_uid: bool, runner: str) -
                 f"reachable by {runner}; build the environment from a world-executable "
                 "interpreter, e.g. /usr/bin/python3 -m venv"
             )
-        unreadable = unreadable_by_others(root)
-        if unreadable:
-            shown = ", ".join(unreadable[:QUOTED_ENTRIES])
-            more = len(unreadable) - QUOTED_ENTRIES
-            raise ConfigurationError(
-                f"environment: {root} is not readable by {runner}: {shown}"
-                + (f" and {more} more" if more > 0 else "")
-                + " (directories need mode o+rx and files o+r, e.g. chmod -R o+rX)"
-            )
+        unreadable, writable = modes_for_others(root)
+        read_remedy = "directories need o+rx and files o+r: chmod -R o+rX"
+        write_remedy = "no entry may be o+w, nor a directory above without the sticky bit"
+        for found, problem, remedy in (
+            (unreadable, "not readable by", read_remedy),
+            ([] if bound_read_only else writable, "writable by", write_remedy),
+        ):
+            if found:
+                shown = ", ".join(found[:QUOTED_ENTRIES])
+                more = len(found) - QUOTED_ENTRIES
+                raise ConfigurationError(
+                    f"environment: {root} is {problem} {runner}: {shown}"
+                    + (f" and {more} more" if more > 0 else "")
+                    + f" ({remedy})"
+                )
     return Environment(root=root, executable=executable, base=base)
 
 
-def unreadable_by_others(root: str) -> list[str]:
-    """Entries under ``root`` (and ``root``'s own path) a uid that is neither owner nor
-    group member cannot read: directories without o+rx, files without o+r. Links are not
-    followed (a link out of the environment is the deployment's own business)."""
-    found: list[str] = []
-    parents = Path(root).parents
-    for parent in parents:
+def modes_for_others(root: str) -> tuple[list[str], list[str]]:
+    """What a uid that is neither owner nor group member cannot read, and what it can
+    change, of ``root``, everything under it and the directories above it: (unreadable,
+    writable). Unreadable: a directory without o+rx, a file without o+r, a directory above
+    without o+x. Writable: any entry with o+w, a directory above with o+w and no sticky bit
+    (the environment could be swapped). Links are not followed (a link out of the
+    environment is the deployment's own business)."""
+    unreadable: list[str] = []
+    writable: list[str] = []
+    for parent in Path(root).parents:
         try:
-            if not parent.stat().st_mode & stat.S_IXOTH:
-                found.append(str(parent))
+            mode = parent.stat().st_mode
         except OSError:
-            found.append(str(parent))
+            unreadable.append(str(parent))
+            continue
+        if not mode & stat.S_IXOTH:
+            unreadable.append(str(parent))
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            writable.append(str(parent))
     stack = [root]
     while stack:
         directory = stack.pop()
         try:
             mode = os.lstat(directory).st_mode
         except OSError:
-            found.append(directory)
+            unreadable.append(directory)
             continue
+        if mode & stat.S_IWOTH:
+            writable.append(directory)
         if mode & (stat.S_IROTH | stat.S_IXOTH) != stat.S_IROTH | stat.S_IXOTH:
-            found.append(directory)
+            unreadable.append(directory)
             continue
         try:
             with os.scandir(directory) as entries:
                 for entry in entries:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
-                    elif entry.is_file(follow_symlinks=False) and not (
-                        entry.stat(follow_symlinks=False).st_mode & stat.S_IROTH
-                    ):
-                        found.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        entry_mode = entry.stat(follow_symlinks=False).st_mode
+                        if not entry_mode & stat.S_IROTH:
+                            unreadable.append(entry.path)
+                        if entry_mode & stat.S_IWOTH:
+                            writable.append(entry.path)
         except OSError:
-            found.append(directory)
-    return found
+            unreadable.append(directory)
+    return unreadable, writable

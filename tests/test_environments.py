@@ -185,6 +185,27 @@ async def test_an_environment_the_program_cannot_read_fails_configuration() -> N
     assert str(hidden) in str(info.value)
 
 
+@needs_root
+@pytest.mark.parametrize("where", ["package file", "site-packages", "holder above"])
+async def test_an_environment_any_uid_could_change_fails_configuration(where: str) -> None:
+    # One program could plant code every later program imports: refused at load, however
+    # the write would be reached (a file, a directory in it, a directory above it).
+    assert BASE is not None
+    with virtual_environment(BASE) as environment:
+        site = site_packages(environment)
+        write_distribution(site)
+        writable = {
+            "package file": site / TINY_MODULE / "__init__.py",
+            "site-packages": site,
+            "holder above": environment.parent,
+        }[where]
+        writable.chmod(0o777 if writable.is_dir() else 0o666)
+        async with Sandbox(in_environment(environment)) as sandbox:
+            with pytest.raises(ConfigurationError, match="writable by") as info:
+                await sandbox.run(IMPORT_TINY, profile=PROFILE)
+    assert str(writable) in str(info.value)
+
+
 # ---------------------------------------------------------------- doctor
 
 

@@ -93,7 +93,8 @@ class SubprocessBackend(Backend):
         runner = "the unprivileged uid the program runs as"
         if options.environment is not None:
             self.interpreter = resolve_environment(
-                options.environment, reachable_by_any_uid=self.drops_identity, runner=runner
+                options.environment, reachable_by_any_uid=self.drops_identity, runner=runner,
+                bound_read_only=False,
             ).executable
         else:
             self.interpreter = resolve_interpreter(

@@ -148,7 +148,8 @@ class BwrapBackend(Backend):
         binds: list[str] = []
         if options.environment is not None:
             environment = resolve_environment(
-                options.environment, reachable_by_any_uid=self.is_root, runner=runner
+                options.environment, reachable_by_any_uid=self.is_root, runner=runner,
+                bound_read_only=True,
             )
             # The environment as-is, at its own path (its pyvenv.cfg and scripts name it),
             # and the interpreter it leads to.
