@@ -86,33 +86,36 @@ async def list_libraries(
     working: set[str],
 ) -> dict[str, dict[str, Any]]:
     """For each profile row (see doctor.profile_table) whose backend works here, what a
-    program under it can import; profiles with the same backend and options share one run."""
+    program under it can import; profiles with the same backend and options share one run,
+    and the runs go side by side (a cold container start is most of each)."""
+    import anyio
+
     from .sandbox import Sandbox
 
+    runs: dict[str, str] = {}
+    for row in profiles:
+        if row["backend"] is not None and row["backend"] in working:
+            runs.setdefault(repr((row["backend"], sorted(row["options"].items()))), row["name"])
+    found: dict[str, dict[str, Any]] = {}
+
+    async def listing(sandbox: Sandbox, key: str, profile: str) -> None:
+        try:
+            result = await sandbox.run(LISTING_PROGRAM, profile=profile)
+        except SandboxError as exc:
+            found[key] = {"error": f"not listed: {exc}"}
+            return
+        if result.error is not None:
+            found[key] = {"error": f"not listed: {result.error.kind.value}: {result.error.message}"}
+        else:
+            found[key] = _checked(result.return_value)
+
+    async with Sandbox(config, registry=registry) as sandbox, anyio.create_task_group() as tg:
+        for key, profile in runs.items():
+            tg.start_soon(listing, sandbox, key, profile)
     listings: dict[str, dict[str, Any]] = {}
-    seen: dict[str, dict[str, Any]] = {}
-    async with Sandbox(config, registry=registry) as sandbox:
-        for row in profiles:
-            name, backend = row["name"], row["backend"]
-            if backend is None or backend not in working:
-                listings[name] = {"error": "not listed: no working backend"}
-                continue
-            key = repr((backend, sorted(row["options"].items())))
-            if key not in seen:
-                try:
-                    result = await sandbox.run(LISTING_PROGRAM, profile=name)
-                except SandboxError as exc:
-                    seen[key] = {"error": f"not listed: {exc}"}
-                else:
-                    seen[key] = (
-                        _checked(result.return_value)
-                        if result.error is None
-                        else {
-                            "error": f"not listed: {result.error.kind.value}: "
-                            f"{result.error.message}"
-                        }
-                    )
-            listings[name] = seen[key]
+    for row in profiles:
+        key = repr((row["backend"], sorted(row["options"].items())))
+        listings[row["name"]] = found.get(key, {"error": "not listed: no working backend"})
     return listings
 
 
