@@ -14,6 +14,7 @@ from typing import Any
 from .config import config_problems, create_backend
 from .errors import ConfigurationError
 from .grading import Guarantee, Level, level_at_least
+from .libraries import format_libraries, list_libraries
 from .narrowing import strictest_level
 from .profiles import DEFAULT_PROFILE, DeploymentConfig, ProfileConfig
 from .registry import BackendRegistry
@@ -147,11 +148,14 @@ async def diagnose(config: DeploymentConfig, registry: BackendRegistry) -> dict[
     errors = deployment_errors(config, registry) + [
         f"{message}" for row in profiles for message in row["errors"]
     ]
+    working = [row for row in profiles if row.get("works")]
+    libraries = await list_libraries(config, registry, working, {row["backend"] for row in working})
     return {
         "verdict": _verdict(selection, selection_error, profiles, trials),
         "backends": backends,
         "profiles": profiles,
         "errors": list(dict.fromkeys(errors)),
+        "libraries": libraries,
     }
 
 
@@ -228,6 +232,7 @@ def format_doctor(report: dict[str, Any]) -> str:
                     lines.append(f"      {guarantee.value:<14} {value}")
     lines.append("Profiles:")
     lines.extend(_profile_line(row) for row in report["profiles"])
+    lines.extend(format_libraries(report.get("libraries", {})))
     return "\n".join(lines)
 
 

@@ -3,6 +3,13 @@
 The child gets no PATH, so a bare name is resolved here, once; a name that cannot be resolved
 is a configuration error at load, never a different interpreter at spawn time. When the
 program runs as another, unprivileged uid, the interpreter must be reachable by any uid.
+
+A deployment that offers programs libraries (numpy, pandas, ...) names an *environment*: a
+virtual environment or a self-contained Python prefix it built, with the packages installed.
+The child runs that environment's own ``bin/python3``, still in isolated mode: ``-I`` ignores
+PYTHONPATH and the user's site-packages, but a virtual environment is found from the
+``pyvenv.cfg`` beside its executable, so its site-packages (and only them) are on the path.
+Nothing is ever installed implicitly, and nothing is added to the path by the bootstrap.
 """
 
 from __future__ import annotations
@@ -12,9 +19,14 @@ import shutil
 import stat
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from .errors import InterpreterNotFoundError
+from pydantic import AfterValidator, model_validator
+
+from .backend import BackendOptions
+from .errors import ConfigurationError, InterpreterNotFoundError
 
 _MINOR = f"python{sys.version_info.major}.{sys.version_info.minor}"
 #: System interpreters, most specific first.
@@ -42,6 +54,14 @@ def resolve_interpreter(
         if found is None or not os.access(found, os.X_OK):
             raise InterpreterNotFoundError(
                 f"interpreter {configured!r} cannot be resolved to an executable file"
+            )
+        venv = virtual_environment_of(found)
+        if venv is not None:
+            # Resolving the link would silently run the base interpreter without the
+            # environment's packages; the environment option keeps it whole.
+            raise InterpreterNotFoundError(
+                f"interpreter {configured!r} belongs to the virtual environment {venv}; set "
+                f"environment = {venv!r} instead, so its packages are what the program gets"
             )
         path = os.path.realpath(found)
         if reachable_by_any_uid and not reachable_by_others(path):
@@ -71,3 +91,171 @@ def reachable_by_others(path: str) -> bool:
         return all(parent.stat().st_mode & stat.S_IXOTH for parent in current.parents)
     except OSError:
         return False
+
+
+# ---------------------------------------------------------------- environments
+
+#: The executable an environment is run through, first found wins.
+ENVIRONMENT_EXECUTABLES = ("bin/python3", "bin/python")
+#: How many unreadable entries a configuration error quotes.
+QUOTED_ENTRIES = 5
+
+
+def virtual_environment_of(executable: str) -> str | None:
+    """The virtual environment ``executable`` starts (its directory holding the
+    ``pyvenv.cfg`` Python looks for beside the executable or one level up), or None."""
+    directory = os.path.dirname(os.path.abspath(executable))
+    for candidate in (directory, os.path.dirname(directory)):
+        if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
+            return os.path.realpath(candidate)
+    return None
+
+
+def environment_executable(root: str) -> str | None:
+    """The python executable of the environment at ``root``, or None. The path stays inside
+    the environment (not resolved through the venv's link to its base interpreter): Python
+    finds the environment from the path it was started by."""
+    for name in ENVIRONMENT_EXECUTABLES:
+        candidate = os.path.join(root, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def check_environment_path(value: str) -> str:
+    """Validate the ``environment`` option at load: an absolute directory holding a Python
+    environment. Returns its real path."""
+    if not os.path.isabs(value):
+        raise ValueError(f"{value!r} is not an absolute path")
+    root = os.path.realpath(value)
+    if not os.path.isdir(root):
+        raise ValueError(f"{value!r} does not exist or is not a directory")
+    if environment_executable(root) is None:
+        raise ValueError(
+            f"{value!r} holds no Python environment: no executable "
+            f"{' or '.join(ENVIRONMENT_EXECUTABLES)} in it (make one with "
+            "`python3 -m venv DIR` and install packages into it with DIR/bin/python -m pip)"
+        )
+    return root
+
+
+#: A configured environment directory, checked when the configuration is loaded.
+EnvironmentPath = Annotated[str, AfterValidator(check_environment_path)]
+
+
+class InterpreterOptions(BackendOptions):
+    """The child's interpreter, as backends that run one from the host configure it (a
+    base of their options model)."""
+
+    #: Interpreter for the child: a path or a name on PATH; None lets the backend pick one.
+    interpreter: str | None = None
+    #: A Python environment the deployment built (a virtual environment or a self-contained
+    #: prefix): the child runs its bin/python3, so the program can import what is installed
+    #: there. Bound or used read-only, as-is; nothing is installed implicitly.
+    environment: EnvironmentPath | None = None
+
+    @model_validator(mode="after")
+    def _one_interpreter(self) -> InterpreterOptions:
+        if self.interpreter is not None and self.environment is not None:
+            raise ValueError(
+                "set either 'interpreter' or 'environment' (whose own python runs), not both"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A configured environment, resolved: where it is and the executable to run."""
+
+    root: str
+    executable: str
+    #: The interpreter binary the executable leads to (a venv's base interpreter).
+    base: str
+
+
+def resolve_environment(
+    root: str, *, reachable_by_any_uid: bool, runner: str, bound_read_only: bool
+) -> Environment:
+    """The environment at ``root`` (already validated), checked for ``runner``.
+
+    When the program runs as another, unprivileged uid, the whole environment must be
+    readable by any uid: a package it cannot read would fail at import, mid-program, as if
+    the program were at fault. Unless the backend binds it read-only, nothing in it may be
+    writable by any uid either: one program could plant code every later one imports.
+    Checked here, at load, naming what is at fault.
+    """
+    executable = environment_executable(root)
+    if executable is None:
+        raise ConfigurationError(f"environment: {root!r} holds no Python environment")
+    base = os.path.realpath(executable)
+    if reachable_by_any_uid:
+        if not reachable_by_others(base):
+            raise ConfigurationError(
+                f"environment: its interpreter {base} (which {executable} leads to) is not "
+                f"reachable by {runner}; build the environment from a world-executable "
+                "interpreter, e.g. /usr/bin/python3 -m venv"
+            )
+        unreadable, writable = modes_for_others(root)
+        read_remedy = "directories need o+rx and files o+r: chmod -R o+rX"
+        write_remedy = "no entry may be o+w, nor a directory above without the sticky bit"
+        for found, problem, remedy in (
+            (unreadable, "not readable by", read_remedy),
+            ([] if bound_read_only else writable, "writable by", write_remedy),
+        ):
+            if found:
+                shown = ", ".join(found[:QUOTED_ENTRIES])
+                more = len(found) - QUOTED_ENTRIES
+                raise ConfigurationError(
+                    f"environment: {root} is {problem} {runner}: {shown}"
+                    + (f" and {more} more" if more > 0 else "")
+                    + f" ({remedy})"
+                )
+    return Environment(root=root, executable=executable, base=base)
+
+
+def modes_for_others(root: str) -> tuple[list[str], list[str]]:
+    """What a uid that is neither owner nor group member cannot read, and what it can
+    change, of ``root``, everything under it and the directories above it: (unreadable,
+    writable). Unreadable: a directory without o+rx, a file without o+r, a directory above
+    without o+x. Writable: any entry with o+w, a directory above with o+w and no sticky bit
+    (the environment could be swapped). Links are not followed (a link out of the
+    environment is the deployment's own business)."""
+    unreadable: list[str] = []
+    writable: list[str] = []
+    for parent in Path(root).parents:
+        try:
+            mode = parent.stat().st_mode
+        except OSError:
+            unreadable.append(str(parent))
+            continue
+        if not mode & stat.S_IXOTH:
+            unreadable.append(str(parent))
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            writable.append(str(parent))
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        try:
+            mode = os.lstat(directory).st_mode
+        except OSError:
+            unreadable.append(directory)
+            continue
+        if mode & stat.S_IWOTH:
+            writable.append(directory)
+        if mode & (stat.S_IROTH | stat.S_IXOTH) != stat.S_IROTH | stat.S_IXOTH:
+            unreadable.append(directory)
+            continue
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        entry_mode = entry.stat(follow_symlinks=False).st_mode
+                        if not entry_mode & stat.S_IROTH:
+                            unreadable.append(entry.path)
+                        if entry_mode & stat.S_IWOTH:
+                            writable.append(entry.path)
+        except OSError:
+            unreadable.append(directory)
+    return unreadable, writable

@@ -39,3 +39,23 @@ def test_readme_configuration_example_loads(tmp_path: Path) -> None:
     # The first screen's one setting: every run below isolated refused.
     path.write_text(refusing)
     assert resolve_config(path).required_level is Level.ISOLATED
+
+
+def test_libraries_guide_examples_name_real_options(tmp_path: Path) -> None:
+    # Each configuration example loads, and names options its backend really has.
+    from psych_sandbox_core.config import resolve_config
+    from psych_sandbox_core.registry import BackendRegistry
+
+    text = (DOCS / "libraries.md").read_text()
+    examples = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
+    assert len(examples) == 2
+    registry = BackendRegistry()
+    for number, example in enumerate(examples):
+        path = tmp_path / f"example-{number}.toml"
+        path.write_text(example)
+        for profile in resolve_config(path).profiles.values():
+            assert profile.backend is not None
+            if profile.backend not in registry.ids():
+                continue  # a plugin not installed here
+            fields = registry.get(profile.backend).cls.Options.model_fields
+            assert set(profile.options) <= set(fields), profile.options

@@ -45,7 +45,12 @@ from ..identity import (
     IdentityLease,
     LeasedIdentityOptions,
 )
-from ..interpreter import SYSTEM_CANDIDATES, resolve_interpreter
+from ..interpreter import (
+    SYSTEM_CANDIDATES,
+    InterpreterOptions,
+    resolve_environment,
+    resolve_interpreter,
+)
 from ..pid_namespace import PidNamespace
 from ..process import ExitStatus, ManagedProcess
 from ..workspace import create_workspace, remove_tree
@@ -57,10 +62,10 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
 
-class SubprocessOptions(LeasedIdentityOptions):
-    #: Interpreter for the child: a path or a name on PATH; None picks one the child's
-    #: identity can run (the host's own when reachable, else a system python3).
-    interpreter: str | None = None
+
+class SubprocessOptions(LeasedIdentityOptions, InterpreterOptions):
+    # interpreter (None picks one the child's identity can run: the host's own when
+    # reachable, else a system python3) or environment, whose own python runs as-is.
     #: When the host runs as root, the program runs as an unprivileged uid/gid of its own,
     #: leased per execution from the identity range (identity_first_uid, identity_count; see
     #: identity.py), so concurrent programs cannot reach each other. Setting drop_to_uid and
@@ -94,13 +99,20 @@ class SubprocessBackend(Backend):
         if self.drops_identity and self.fixed_identity is None:
             self.identities.check()
         # Resolved once, at load: a name that cannot be resolved fails configuration now.
-        self.interpreter = resolve_interpreter(
-            options.interpreter,
-            reachable_by_any_uid=self.drops_identity,
-            # The host's own interpreter first (same version, same packages), then the system's.
-            candidates=[os.path.realpath(sys.executable), *SYSTEM_CANDIDATES],
-            runner="the unprivileged uid the program runs as",
-        )
+        runner = "the unprivileged uid the program runs as"
+        if options.environment is not None:
+            self.interpreter = resolve_environment(
+                options.environment, reachable_by_any_uid=self.drops_identity, runner=runner,
+                bound_read_only=False,
+            ).executable
+        else:
+            self.interpreter = resolve_interpreter(
+                options.interpreter,
+                reachable_by_any_uid=self.drops_identity,
+                # The host's own interpreter first (same version), then the system's.
+                candidates=[os.path.realpath(sys.executable), *SYSTEM_CANDIDATES],
+                runner=runner,
+            )
         self.namespaces = (
             namespace_flags(self.interpreter, self.is_root)
             if options.use_namespaces and sys.platform.startswith("linux")

@@ -51,7 +51,12 @@ from psych_sandbox_core.identity import (
     IdentityLease,
     LeasedIdentityOptions,
 )
-from psych_sandbox_core.interpreter import SYSTEM_CANDIDATES, resolve_interpreter
+from psych_sandbox_core.interpreter import (
+    SYSTEM_CANDIDATES,
+    InterpreterOptions,
+    resolve_environment,
+    resolve_interpreter,
+)
 from psych_sandbox_core.process import ExitStatus, ManagedProcess
 from pydantic import Field
 
@@ -74,6 +79,8 @@ FORBIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/var/run", "/var", "
 #: Merged-/usr symlinks (or, on older layouts, directories) the dynamic loader needs.
 HOST_CONFIG_UNDER_USR = "/usr/local/etc"
 SYSTEM_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+#: What the sandbox mounts of its own, over anything bound there.
+SANDBOX_MOUNTS = (WORKSPACE, TMP, "/proc", "/dev", HOST_CONFIG_UNDER_USR)
 PR_SET_PDEATHSIG = 1
 #: The execution's memory cgroup holds more than the program's address-space budget: the
 #: workspace, /tmp and /dev/shm tmpfs pages the tree writes are charged to it (so their caps
@@ -90,10 +97,10 @@ Uid = Annotated[int, Field(ge=1, le=2**32 - 2)]
 Size = Annotated[int, Field(ge=64 * 1024)]
 
 
-class BwrapOptions(LeasedIdentityOptions):
-    #: Interpreter inside the sandbox: a path or a name on PATH. None prefers the system's
-    #: own python3 under /usr, falling back to the host's interpreter with its prefix bound.
-    interpreter: str | None = None
+class BwrapOptions(LeasedIdentityOptions, InterpreterOptions):
+    # interpreter: a path or a name on PATH; None prefers the system's own python3 under
+    # /usr, falling back to the host's interpreter with its prefix bound. Or environment: a
+    # virtual environment or prefix, bound read-only whole, with its base interpreter's.
     #: The bubblewrap executable: a path or a name on PATH.
     bwrap: str = "bwrap"
     #: The program's uid and gid inside the sandbox.
@@ -137,14 +144,27 @@ class BwrapBackend(Backend):
         if self.is_root and self.fixed_runner is None:
             self.identities.check()
         self.bwrap = shutil.which(options.bwrap) if sys.platform.startswith("linux") else None
-        self.interpreter = resolve_interpreter(
-            options.interpreter,
-            reachable_by_any_uid=self.is_root,
-            # The system's own interpreter first: /usr is bound anyway, so it costs no bind.
-            candidates=[*SYSTEM_CANDIDATES, os.path.realpath(sys.executable)],
-            runner="the unprivileged host uid that runs bubblewrap",
-        )
-        binds = list(interpreter_prefixes(self.interpreter))
+        runner = "the unprivileged host uid that runs bubblewrap"
+        binds: list[str] = []
+        if options.environment is not None:
+            environment = resolve_environment(
+                options.environment, reachable_by_any_uid=self.is_root, runner=runner,
+                bound_read_only=True,
+            )
+            # The environment as-is, at its own path (its pyvenv.cfg and scripts name it),
+            # and the interpreter it leads to.
+            self.interpreter = environment.executable
+            binds.append(checked_bind(environment.root, "environment"))
+            binds.extend(interpreter_prefixes(environment.base))
+        else:
+            self.interpreter = resolve_interpreter(
+                options.interpreter,
+                reachable_by_any_uid=self.is_root,
+                # The system's own interpreter first: /usr is bound anyway, so no bind.
+                candidates=[*SYSTEM_CANDIDATES, os.path.realpath(sys.executable)],
+                runner=runner,
+            )
+            binds.extend(interpreter_prefixes(self.interpreter))
         for extra in options.extra_ro_binds:
             binds.append(checked_bind(extra, "extra_ro_binds"))
         self.binds = tuple(dict.fromkeys(binds))
@@ -582,6 +602,12 @@ def checked_bind(path: str, what: str) -> str:
         raise ConfigurationError(
             f"{what}: binding {real} would expose {', '.join(exposed) or 'the whole host'} "
             "to the sandbox; bind a narrower directory"
+        )
+    shadowed = [d for d in SANDBOX_MOUNTS if _under(real, d)]
+    if shadowed:
+        raise ConfigurationError(
+            f"{what}: {real} is under {shadowed[0]}, which the sandbox mounts afresh, so it "
+            "would not be there; place it elsewhere (e.g. under /opt)"
         )
     return real
 

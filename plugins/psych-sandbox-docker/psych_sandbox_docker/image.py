@@ -7,9 +7,19 @@ no network is used. Only the files the interpreter needs are included; account
 files (``/etc/passwd``, ``/etc/group``, ``/etc/nsswitch.conf``) are generated, so
 nothing from the host's ``/etc``, ``/root``, ``/home`` or ``/tmp`` ends up in it.
 
+Packages a deployment wants its programs to import (numpy, pandas, matplotlib, ...) are
+installed here, at build time, never at run time: pip, run for the image's interpreter
+(``pip --python``), installs them with ``--target`` into a staging directory from the package
+index pip is configured with (``PIP_INDEX_URL``, ``pip.conf``), and that directory becomes the
+image's ``/usr/local/lib/python3.11/dist-packages``, a directory the interpreter puts on its
+path even in isolated mode. Shared libraries their extension modules link to (``ldd``) come
+from the host like the interpreter's own. Give such an image a tag of its own and name it in
+the profile (``image = "psych-sandbox-python:science"``).
+
 Usage::
 
     python -m psych_sandbox_docker.image [--tag TAG] [--engine docker]
+        [--packages SPEC [SPEC ...]] [--requirements FILE]
 """
 
 from __future__ import annotations
@@ -22,8 +32,9 @@ import re
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
 from typing import IO
 
@@ -32,6 +43,7 @@ __all__ = [
     "IMAGE_LABEL",
     "ImageBuildError",
     "build_local_image",
+    "install_packages",
     "write_rootfs_tar",
 ]
 
@@ -39,6 +51,12 @@ DEFAULT_TAG = "psych-sandbox-python:local"
 PYTHON_VERSION = "3.11"
 HOST_PYTHON = f"/usr/bin/python{PYTHON_VERSION}"
 HOST_STDLIB = f"/usr/lib/python{PYTHON_VERSION}"
+#: Where installed packages go in the image: on Debian's interpreter's path under -I (it is
+#: the site directory for locally installed packages; the image has no other).
+IMAGE_SITE_PACKAGES = f"usr/local/lib/python{PYTHON_VERSION}/dist-packages"
+#: How long pip may take to resolve, download and install everything asked for.
+PIP_SECONDS = 3600
+_ELF_MAGIC = b"\x7fELF"
 
 #: Label every image built here carries; ``docker images --filter label=...`` finds them.
 IMAGE_LABEL = "io.psych-sandbox.image"
@@ -178,6 +196,43 @@ class _RootfsWriter:
                     shared_objects.append(full)
         return shared_objects
 
+    def add_tree_at(self, root: str, arcroot: str) -> list[str]:
+        """Add the contents of the host directory ``root`` under ``arcroot`` in the image;
+        return the ELF files found in it. Links out of the tree are left out."""
+        parts = PurePosixPath(arcroot).parts
+        for depth in range(1, len(parts) + 1):
+            # Marked as done under the host path they stand for: an archive must not name
+            # a path twice (the engine refuses it), and the host's /usr is already in.
+            arcname = "/".join(parts[:depth])
+            if "/" + arcname not in self._done:
+                self._done.add("/" + arcname)
+                self.add_dir(arcname, 0o755)
+        elf_files: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in [*dirnames, *sorted(filenames)]:
+                full = os.path.join(dirpath, name)
+                if os.path.islink(full):
+                    target = os.path.realpath(full)
+                    if not target.startswith(root + "/"):
+                        continue
+                arcname = os.path.join(arcroot, os.path.relpath(full, root))
+                info = self._tar.gettarinfo(full, arcname=arcname)
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                info.mode &= 0o755
+                if info.isreg():
+                    with open(full, "rb") as f:
+                        if f.read(4) == _ELF_MAGIC:
+                            elf_files.append(full)
+                        f.seek(0)
+                        self._tar.addfile(info, f)
+                elif info.isdir() or info.issym():
+                    self._tar.addfile(info)
+                else:
+                    raise ImageBuildError(f"refusing to copy special file {full}")
+        return elf_files
+
     def add_generated(self, arcname: str, data: bytes, mode: int = 0o644) -> None:
         info = tarfile.TarInfo(arcname)
         info.size = len(data)
@@ -223,8 +278,58 @@ def _find_library(name: str, near: Iterable[str]) -> str | None:
     return None
 
 
-def write_rootfs_tar(out: IO[bytes]) -> None:
-    """Write the image's root file system as an uncompressed tar stream to ``out``."""
+def install_packages(
+    target: str, packages: Sequence[str] = (), requirement_files: Sequence[str] = ()
+) -> None:
+    """Install ``packages`` (pip requirement specifiers, or paths to wheels) and the
+    requirements files' contents into ``target`` for the image's interpreter, with pip and
+    its configured index. Raises :class:`ImageBuildError`, quoting pip, on failure."""
+    if not os.access(HOST_PYTHON, os.X_OK):
+        raise ImageBuildError(f"{HOST_PYTHON} not found: the image is built from it")
+    args = [*packages]
+    for path in requirement_files:
+        if not os.path.isfile(path):
+            raise ImageBuildError(f"requirements file {path} does not exist")
+        args += ["--requirement", path]
+    cmd = [
+        # pip of the environment running this, acting for the image's interpreter: the
+        # interpreter needs no pip of its own, and wheels are chosen for its version and ABI.
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        HOST_PYTHON,
+        "install",
+        "--target",
+        target,
+        "--no-input",
+        "--disable-pip-version-check",
+        "--root-user-action=ignore",
+        "--no-warn-script-location",
+        *args,
+    ]
+    try:
+        done = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=PIP_SECONDS,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ImageBuildError(f"could not run pip: {exc}") from exc
+    if done.returncode != 0:
+        output = (done.stderr.strip() or done.stdout.strip())[-4000:]
+        if "No module named pip" in output:
+            output = f"pip is not installed for {sys.executable}; install it there"
+        raise ImageBuildError(f"installing {' '.join(args)} failed: {output}")
+
+
+def write_rootfs_tar(out: IO[bytes], *, site_packages: str | None = None) -> None:
+    """Write the image's root file system as an uncompressed tar stream to ``out``, with
+    the packages installed in the host directory ``site_packages`` (see
+    :func:`install_packages`), if given."""
     if not os.access(HOST_PYTHON, os.X_OK):
         raise ImageBuildError(
             f"{HOST_PYTHON} not found: install Debian's python{PYTHON_VERSION} "
@@ -235,6 +340,15 @@ def write_rootfs_tar(out: IO[bytes]) -> None:
         w.add_path(HOST_PYTHON)
         extensions = w.add_tree(HOST_STDLIB, _STDLIB_EXCLUDE_TOP)
         libs = _shared_libraries([HOST_PYTHON, *extensions])
+        if site_packages is not None:
+            root = os.path.realpath(site_packages)
+            package_objects = w.add_tree_at(root, IMAGE_SITE_PACKAGES)
+            # Libraries a wheel bundles are already in; the system ones come from the host.
+            libs |= {
+                lib
+                for lib in _shared_libraries(package_objects)
+                if not os.path.realpath(lib).startswith(root + "/")
+            }
         for name in _DLOPENED_LIBS:
             found = _find_library(name, libs)
             if found:
@@ -279,12 +393,27 @@ def _import_changes() -> list[str]:
     return out
 
 
-def build_local_image(tag: str = DEFAULT_TAG, *, engine: str = "docker") -> str:
+def build_local_image(
+    tag: str = DEFAULT_TAG,
+    *,
+    engine: str = "docker",
+    packages: Sequence[str] = (),
+    requirement_files: Sequence[str] = (),
+) -> str:
     """Build the sandbox Python image from host files and return its image id.
 
-    No registry is contacted: the root file system is streamed into
-    ``<engine> import``. Raises :class:`ImageBuildError` on any failure.
+    No registry is contacted: the root file system is streamed into ``<engine> import``.
+    ``packages`` and ``requirement_files`` are installed into it first (see
+    :func:`install_packages`). Raises :class:`ImageBuildError` on any failure.
     """
+    if packages or requirement_files:
+        with tempfile.TemporaryDirectory(prefix="psych-sandbox-image-") as staging:
+            install_packages(staging, packages, requirement_files)
+            return _import_image(tag, engine, staging)
+    return _import_image(tag, engine, None)
+
+
+def _import_image(tag: str, engine: str, site_packages: str | None) -> str:
     cmd = [engine, "import", *_import_changes(), "-", tag]
     try:
         proc = subprocess.Popen(
@@ -311,7 +440,7 @@ def build_local_image(tag: str = DEFAULT_TAG, *, engine: str = "docker") -> str:
             t.start()
         write_error: BaseException | None = None
         try:
-            write_rootfs_tar(proc.stdin)
+            write_rootfs_tar(proc.stdin, site_packages=site_packages)
         except BrokenPipeError as exc:
             write_error = exc  # the engine gave up; its stderr says why
         except BaseException:
@@ -363,16 +492,45 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="write the root file system tar to FILE ('-' for stdout) instead of importing",
     )
+    parser.add_argument(
+        "--packages",
+        nargs="+",
+        default=[],
+        metavar="SPEC",
+        help="packages to install into the image (pip requirement specifiers or wheel files), "
+        "from pip's configured index, at build time",
+    )
+    parser.add_argument(
+        "--requirements",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a pip requirements file to install into the image (repeatable)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.tar:
-            if args.tar == "-":
-                write_rootfs_tar(sys.stdout.buffer)
-            else:
-                with open(args.tar, "wb") as f:
-                    write_rootfs_tar(f)
+            with contextlib.ExitStack() as stack:
+                site_packages: str | None = None
+                if args.packages or args.requirements:
+                    site_packages = stack.enter_context(
+                        tempfile.TemporaryDirectory(prefix="psych-sandbox-image-")
+                    )
+                    install_packages(site_packages, args.packages, args.requirements)
+                if args.tar == "-":
+                    write_rootfs_tar(sys.stdout.buffer, site_packages=site_packages)
+                else:
+                    with open(args.tar, "wb") as f:
+                        write_rootfs_tar(f, site_packages=site_packages)
             return 0
-        print(build_local_image(args.tag, engine=args.engine))
+        print(
+            build_local_image(
+                args.tag,
+                engine=args.engine,
+                packages=args.packages,
+                requirement_files=args.requirements,
+            )
+        )
     except ImageBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
