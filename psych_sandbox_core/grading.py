@@ -120,6 +120,9 @@ class Mechanisms(BaseModel):
     process_group: bool = True
     #: The program runs as an identity other than the host's, without capabilities.
     unprivileged_identity: bool = False
+    #: That identity is this execution's alone while it runs (leased, and swept before anyone
+    #: gets it again): no other execution, and no account of the host, runs as it.
+    exclusive_identity: bool = False
     #: The child sets rlimits on itself (CPU, address space, file size, process count).
     rlimits: bool = True
     #: A memory cap enforced from outside the process (cgroup, job object).
@@ -195,14 +198,20 @@ def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -
 
     # Identity: the child must not be root, nor the host's own account, nor hold capabilities;
     # and without an IPC namespace, SysV objects outlive an execution under its uid and are
-    # shared by every execution on the host, so identity alone separates nothing there.
+    # shared by every execution on the host, so identity alone separates nothing there. A uid
+    # shared with other executions (a fixed drop_to_uid) separates them only where mount and
+    # pid namespaces already keep each out of the others' files and processes.
     no_caps = _no_capabilities(report.capabilities)
     foreign_identity = report.euid != 0 and (report.euid != host_uid or host_uid == 0)
+    separated = mechanisms.exclusive_identity or (
+        mechanisms.filesystem_boundary and mechanisms.process_tree_boundary
+    )
     if report.euid == 0 and not no_caps:
         grades[Guarantee.IDENTITY] = Grade.UNAVAILABLE
     elif (
         mechanisms.unprivileged_identity
         and mechanisms.ipc_namespace
+        and separated
         and no_caps
         and foreign_identity
     ):

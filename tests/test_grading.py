@@ -180,3 +180,19 @@ def test_a_reachable_supervisor_leaves_tree_and_clock_unenforced() -> None:
     assert grades[Guarantee.PROCESS_TREE] is Grade.UNVERIFIED
     assert grades[Guarantee.WALL_CLOCK] is Grade.UNVERIFIED
     assert level_of(grades) is Level.PROCESS
+
+
+def test_a_uid_shared_between_executions_separates_them_only_inside_namespaces() -> None:
+    """A fixed uid every execution runs as (subprocess's drop_to_uid) is no boundary between
+    them where nothing else keeps one out of another's files and processes."""
+    shared = Mechanisms(
+        network_namespace=True,
+        ipc_namespace=True,
+        process_tree_boundary=True,
+        unprivileged_identity=True,
+    )
+    assert grade(shared, report(), host_uid=0)[Guarantee.IDENTITY] is Grade.UNVERIFIED
+    leased = shared.model_copy(update={"exclusive_identity": True})
+    assert grade(leased, report(), host_uid=0)[Guarantee.IDENTITY] is Grade.ENFORCED
+    # Mount and pid namespaces around it: the shared uid reaches nothing of another's.
+    assert grade(BOUNDARY, report(), host_uid=0)[Guarantee.IDENTITY] is Grade.ENFORCED

@@ -289,3 +289,18 @@ async def test_a_process_under_the_uid_outside_the_pid_namespace_dies_with_the_e
         assert result.return_value == uid
         assert result.grades["process_tree"] == "enforced"  # a pid namespace was used
         assert straggler.poll() == -signal.SIGKILL
+
+
+async def test_a_uid_every_execution_shares_is_not_graded_as_a_boundary() -> None:
+    """A fixed drop_to_uid puts every execution under one uid, with no filesystem boundary
+    between them: identity is only unverified there, while a leased uid is enforced."""
+    fixed = {"drop_to_uid": 65534, "drop_to_gid": 65534, "interpreter": SYSTEM_PYTHON}
+    async with Sandbox(config(options=fixed)) as sandbox:
+        shared = await sandbox.run("import os\nos.geteuid()", profile=PROFILE)
+    async with Sandbox(config(options={"interpreter": SYSTEM_PYTHON})) as sandbox:
+        leased = await sandbox.run("import os\nos.geteuid()", profile=PROFILE)
+    assert shared.error is None and leased.error is None, (shared.error, leased.error)
+    assert shared.return_value == 65534
+    assert shared.grades["identity"] == "unverified"
+    assert leased.return_value != 65534
+    assert leased.grades["identity"] == "enforced"

@@ -239,6 +239,9 @@ class SubprocessBackend(Backend):
                         f"{INIT_REPORT_SECONDS:g} s"
                     ) from None
             mechanisms = self.mechanisms()
+            if lease is not None:
+                # A leased uid is this execution's alone; a fixed drop_to_uid is every one's.
+                mechanisms = mechanisms.model_copy(update={"exclusive_identity": True})
             if report is not None and namespace is None:
                 # Not handed over (no pidfds there): the namespace still dies with the outer
                 # process, but the host cannot kill or check it itself.
