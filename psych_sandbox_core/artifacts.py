@@ -46,7 +46,13 @@ from .protocol.limits import (
     MAX_ARTIFACT_DEPTH,
     MAX_ARTIFACT_ENTRIES,
     MAX_ARTIFACT_PATH_CHARS,
+    MAX_JSON_DEPTH,
+    MAX_JSON_ELEMENTS,
 )
+from .protocol.shape import ShapeLimits, check_shape
+
+#: A file is called JSON only when parsing it is as bounded as parsing a frame's value.
+_SNIFF_SHAPE = ShapeLimits(MAX_JSON_DEPTH, MAX_JSON_ELEMENTS, "depth", "elements")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _FILE_FLAGS = (
@@ -660,8 +666,11 @@ def sniff_content_type(data: bytes) -> str:
     stripped = text.lstrip()
     if stripped[:1] in ("{", "[") and len(data) <= 8 * 1024 * 1024:
         try:
+            # The program wrote these bytes: measured before parsing, like any frame, so a
+            # deep or wide text costs the host a scan, never a recursion or a huge tree.
+            check_shape(data, _SNIFF_SHAPE, "the file")
             json.loads(text)
-        except ValueError:
+        except (ValueError, ProtocolViolation, RecursionError):
             pass
         else:
             return "application/json"

@@ -279,3 +279,25 @@ def test_cli_writes_artifacts_without_following_links_or_overwriting(tmp_path: P
     with pytest.raises(ArtifactExportError, match="safe"):
         write_artifacts(str(other), [("../escape", b"x")])
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.anyio
+async def test_a_file_of_hostile_json_is_kept_as_text_without_parsing_it() -> None:
+    """A program's file is sniffed on the host: deeply nested or very wide JSON is measured
+    before any parser sees it, comes back as text, and never raises out of the run."""
+    from psych_sandbox_core import Sandbox
+
+    source = (
+        "open('deep.json', 'w').write('[' * 200000 + ']' * 200000)\n"
+        "open('wide.json', 'w').write('[' + ','.join(['[]'] * 300000) + ']')\n"
+        "open('fine.json', 'w').write('{\"a\": [1, 2]}')\n"
+    )
+    async with Sandbox(config()) as sandbox:
+        result = await sandbox.run(source, profile=PROFILE)
+    assert result.error is None, result.error
+    types = {a.path: a.content_type for a in result.artifacts}
+    assert types == {
+        "deep.json": "text/plain; charset=utf-8",
+        "wide.json": "text/plain; charset=utf-8",
+        "fine.json": "application/json",
+    }
