@@ -158,6 +158,7 @@ def _command_run(args: argparse.Namespace) -> int:
     from .bindings import load_function_tools
     from .blobstore import FilesystemBlobStore
     from .sandbox import Sandbox
+    from .selection_cache import SelectionCache
     from .visible import visible
 
     bindings = load_function_tools(args.tools) if args.tools is not None else None
@@ -198,7 +199,11 @@ def _command_run(args: argparse.Namespace) -> int:
         # Results too large to hand over whole are paged from a store that lives for this run.
         with tempfile.TemporaryDirectory(prefix="psych-tool-results-") as store:
             blob_store = FilesystemBlobStore(store)
-            async with Sandbox(args.config, blob_store=blob_store) as sandbox:
+            # One program per process: default's choice is remembered across runs for a
+            # short while instead of trying backends anew each time (selection_cache.py).
+            async with Sandbox(
+                args.config, blob_store=blob_store, selection_cache=SelectionCache()
+            ) as sandbox:
                 outcome = await sandbox.run(
                     source,
                     profile=args.profile,
