@@ -1,23 +1,64 @@
-"""psych-sandbox: run one untrusted Python program per execution in real OS isolation."""
+"""psych-sandbox: run one untrusted Python program per execution in real OS isolation.
 
-from .bindings import BindingProvider, FunctionBindings, ToolCallError, ToolSpec
-from .errors import (
-    ConfigurationError,
-    ErrorKind,
-    InterpreterNotFoundError,
-    SandboxClosedError,
-    SandboxError,
-    UnknownBackendError,
-    UnknownProfileError,
-)
-from .grading import Grade, Guarantee, Level, level_of
-from .profiles import DeploymentConfig, ProfileConfig
-from .result import ExecutionFailure, ExecutionNote, ExecutionResult
-from .sandbox import Sandbox
-from .terms import ExecutionLimits
+The public names below are imported when first used (PEP 562), not with the package: a
+command such as ``psych-sandbox --help`` then pays only for what it uses, and importing a
+submodule does not build every model and backend in the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: typing.TYPE_CHECKING without importing typing, which costs more than this whole module;
+#: type checkers treat the name as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .bindings import BindingProvider, FunctionBindings, ToolCallError, ToolSpec
+    from .errors import (
+        ConfigurationError,
+        ErrorKind,
+        InterpreterNotFoundError,
+        SandboxClosedError,
+        SandboxError,
+        UnknownBackendError,
+        UnknownProfileError,
+    )
+    from .grading import Grade, Guarantee, Level, level_of
+    from .profiles import DeploymentConfig, ProfileConfig
+    from .result import ExecutionFailure, ExecutionNote, ExecutionResult
+    from .sandbox import Sandbox
+    from .terms import ExecutionLimits
 
 #: The one place the core's version is written; the distribution's metadata reads it from here.
 __version__ = "0.1.0"
+
+#: Each public name and the submodule that defines it.
+_PUBLIC = {
+    "BindingProvider": "bindings",
+    "FunctionBindings": "bindings",
+    "ToolCallError": "bindings",
+    "ToolSpec": "bindings",
+    "ConfigurationError": "errors",
+    "ErrorKind": "errors",
+    "InterpreterNotFoundError": "errors",
+    "SandboxClosedError": "errors",
+    "SandboxError": "errors",
+    "UnknownBackendError": "errors",
+    "UnknownProfileError": "errors",
+    "Grade": "grading",
+    "Guarantee": "grading",
+    "Level": "grading",
+    "level_of": "grading",
+    "DeploymentConfig": "profiles",
+    "ProfileConfig": "profiles",
+    "ExecutionFailure": "result",
+    "ExecutionNote": "result",
+    "ExecutionResult": "result",
+    "Sandbox": "sandbox",
+    "ExecutionLimits": "terms",
+}
 
 __all__ = [
     "BindingProvider",
@@ -44,3 +85,16 @@ __all__ = [
     "__version__",
     "level_of",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups find it without calling back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

@@ -3,9 +3,11 @@
 Compiling the bootstrap's source costs a few milliseconds on every start. Where the host can
 run the very interpreter the child will run (the subprocess and bwrap backends bind the same
 binary), it compiles the bootstrap once with that interpreter and passes the marshalled code
-on the command line; a short ``-c`` stub loads it. Marshal data is only valid for the
-interpreter that wrote it, so it is never reused across interpreters, and anything unexpected
-falls back to the plain source, which works everywhere.
+on the command line; a short ``-c`` stub loads it. It does so from the second start with an
+interpreter on: compiling costs a start of that interpreter, more than the child's own
+compile, so a process that starts one child (the ``psych-sandbox`` command) never pays it.
+Marshal data is only valid for the interpreter that wrote it, so it is never reused across
+interpreters, and anything unexpected falls back to the plain source, which works everywhere.
 """
 
 from __future__ import annotations
@@ -16,10 +18,7 @@ from functools import lru_cache
 
 #: Loads the marshalled bootstrap passed as the first argument into ``__main__`` (as ``-c``
 #: source would run), leaving argv as the bootstrap expects it: ``-c`` and its options.
-_STUB = (
-    "import sys,marshal,binascii;"
-    "exec(marshal.loads(binascii.a2b_base64(sys.argv.pop(1))))"
-)
+_STUB = "import sys,marshal,binascii;exec(marshal.loads(binascii.a2b_base64(sys.argv.pop(1))))"
 _COMPILER = (
     "import sys,marshal,binascii;"
     "sys.stdout.write(binascii.b2a_base64(marshal.dumps(compile(sys.stdin.read(),"
@@ -31,12 +30,19 @@ MAX_PAYLOAD_CHARS = 120 * 1024
 
 def bootstrap_arguments(interpreter: str | None, source: str) -> list[str]:
     """The interpreter arguments that run ``source``: precompiled for ``interpreter`` when
-    the host can run it, else the source itself."""
+    the host can run it and has started it with this source before, else the source itself."""
     if interpreter is not None:
-        payload = _compiled(interpreter, hashlib.sha256(source.encode()).hexdigest(), source)
-        if payload is not None:
-            return ["-c", _STUB, payload]
+        start = (interpreter, hashlib.sha256(source.encode()).hexdigest())
+        if start in _STARTED:
+            payload = _compiled(*start, source)
+            if payload is not None:
+                return ["-c", _STUB, payload]
+        _STARTED.add(start)
     return ["-c", source]
+
+
+#: (interpreter, digest of the source) of every start so far in this process.
+_STARTED: set[tuple[str, str]] = set()
 
 
 @lru_cache(maxsize=16)

@@ -12,27 +12,22 @@ with :data:`visible.SUMMARY_MARK`, which foreign text can never show.
 from __future__ import annotations
 
 import argparse
-import io
-import json
-import math
-import os
-import signal
 import sys
-import tempfile
-from collections.abc import Sequence
-from typing import Any
 
-import anyio
-
-from .artifacts import ArtifactExportError
-from .attachments import collection_problem, export_artifacts, export_note, summary_lines
-from .bindings import load_function_tools
-from .blobstore import FilesystemBlobStore
-from .doctor import command_doctor, command_profiles
 from .errors import ConfigurationError
-from .result import ExecutionResult
-from .sandbox import Sandbox
-from .visible import SUMMARY_MARK, visible
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see __init__.py)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    import anyio
+
+    from .result import ExecutionResult
+    from .sandbox import Sandbox
+
+# Everything else is imported by the command that uses it: ``--help`` and a usage error
+# import no model, backend or plugin, and ``run`` nothing that ``doctor`` alone needs.
 
 EXIT_OK = 0
 EXIT_PROGRAM_FAILED = 1
@@ -40,7 +35,8 @@ EXIT_USAGE = 2
 
 #: Signals that cancel a run: the execution is torn down, its partial result printed, and the
 #: command exits with 128 + the signal's number, as a shell reports a process it killed.
-CANCEL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Names, so that a command other than ``run`` never imports :mod:`signal`.
+CANCEL_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an untrusted Python program in an isolated sandbox.",
     )
     parser.add_argument(
-        "--version", action=_VersionAction,
+        "--version",
+        action=_VersionAction,
         help="show the core's version and every installed backend's, then exit",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         # Interrupted before a run began (while reading the program or loading tools):
         # nothing was created yet, so there is nothing to report or clean.
+        import signal
+
         return 128 + signal.SIGINT
 
 
@@ -135,6 +134,8 @@ class _UsageError(Exception):
 
 
 def _command_run(args: argparse.Namespace) -> int:
+    import math
+
     if args.timeout is not None and not (args.timeout > 0 and math.isfinite(args.timeout)):
         print("psych-sandbox: --timeout must be a positive, finite number", file=sys.stderr)
         return EXIT_USAGE
@@ -143,6 +144,22 @@ def _command_run(args: argparse.Namespace) -> int:
     except _UsageError as exc:
         print(f"psych-sandbox: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+    # What running a program needs, imported once the command line is known to be usable.
+    import io
+    import json
+    import os
+    import signal
+    import tempfile
+
+    import anyio
+
+    from .artifacts import ArtifactExportError
+    from .bindings import load_function_tools
+    from .blobstore import FilesystemBlobStore
+    from .sandbox import Sandbox
+    from .selection_cache import SelectionCache
+    from .visible import visible
 
     bindings = load_function_tools(args.tools) if args.tools is not None else None
 
@@ -153,7 +170,9 @@ def _command_run(args: argparse.Namespace) -> int:
         # Taken before anything is created, so a signal at any point from here on cancels
         # through the one path an embedding application uses too (Sandbox.run's cancel event)
         # and every temporary file, process and container goes with the execution.
-        with anyio.open_signal_receiver(*CANCEL_SIGNALS) as signals:
+        with anyio.open_signal_receiver(
+            *(signal.Signals[name] for name in CANCEL_SIGNALS)
+        ) as signals:
             async with anyio.create_task_group() as watchers:
 
                 async def watch() -> None:
@@ -180,7 +199,11 @@ def _command_run(args: argparse.Namespace) -> int:
         # Results too large to hand over whole are paged from a store that lives for this run.
         with tempfile.TemporaryDirectory(prefix="psych-tool-results-") as store:
             blob_store = FilesystemBlobStore(store)
-            async with Sandbox(args.config, blob_store=blob_store) as sandbox:
+            # One program per process: default's choice is remembered across runs for a
+            # short while instead of trying backends anew each time (selection_cache.py).
+            async with Sandbox(
+                args.config, blob_store=blob_store, selection_cache=SelectionCache()
+            ) as sandbox:
                 outcome = await sandbox.run(
                     source,
                     profile=args.profile,
@@ -221,6 +244,9 @@ def _command_run(args: argparse.Namespace) -> int:
 
 
 async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory: str) -> None:
+    from .attachments import export_artifacts, export_note
+    from .visible import SUMMARY_MARK, visible
+
     written, partial = await export_artifacts(
         sandbox.attachments,
         tenant=result.tenant or "default",
@@ -245,6 +271,8 @@ def result_as_json(result: ExecutionResult) -> dict[str, Any]:
 def print_notes(result: ExecutionResult) -> None:
     """Each note on stderr, one line each, in either output mode: a run below the isolated
     level that nothing asked for must not go unsaid (``--json`` also carries it)."""
+    from .visible import SUMMARY_MARK, visible
+
     for note in result.notes:
         sys.stderr.write(f"{SUMMARY_MARK} warning: {visible(note.message)}\n")
     sys.stderr.flush()
@@ -258,6 +286,11 @@ def print_summary(
     returned or how it failed, the files written with ``--artifacts``, the guidance for a
     model only with ``--explain``, and the level line last. Attachment handles are not
     shown: the CLI's store ends with it, so only ``--json`` records them."""
+    import json
+
+    from .attachments import collection_problem, summary_lines
+    from .visible import SUMMARY_MARK, visible
+
     out = sys.stdout
 
     def say(line: str) -> None:
@@ -308,10 +341,14 @@ def print_summary(
 
 
 def _command_doctor(args: argparse.Namespace) -> int:
+    from .doctor import command_doctor
+
     return command_doctor(args.config, args.json)
 
 
 def _command_profiles(args: argparse.Namespace) -> int:
+    from .doctor import command_profiles
+
     return command_profiles(args.config, args.json)
 
 

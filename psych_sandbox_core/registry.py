@@ -42,6 +42,7 @@ class BackendRegistry:
         self._loaded: set[str] = set()
         self._serving: tuple[str | None, str | None] = (None, None)
         self._everything_loaded = False
+        self._entry_points: list[importlib_metadata.EntryPoint] | None = None
 
     # The registrar interface plugins see.
     def add(self, backend: type[Backend]) -> None:
@@ -73,7 +74,7 @@ class BackendRegistry:
         """Load entry points: only the one named ``backend_id``, or all of them."""
         if self._everything_loaded or (backend_id is not None and backend_id in self._loaded):
             return
-        for entry_point in importlib_metadata.entry_points(group=ENTRY_POINT_GROUP):
+        for entry_point in self.entry_points():
             if backend_id is not None and entry_point.name != backend_id:
                 continue
             if entry_point.name in self._loaded:
@@ -93,6 +94,13 @@ class BackendRegistry:
             )
         if backend_id is None:
             self._everything_loaded = True
+
+    def entry_points(self) -> list[importlib_metadata.EntryPoint]:
+        """The ``psych_sandbox`` entry points installed here, none of them loaded. Read once
+        per registry: scanning every distribution's metadata is a cost worth paying once."""
+        if self._entry_points is None:
+            self._entry_points = list(importlib_metadata.entry_points(group=ENTRY_POINT_GROUP))
+        return self._entry_points
 
     def ids(self) -> list[str]:
         self.load()

@@ -23,7 +23,13 @@ from .backend import Availability, Backend
 from .bindings import BindingProvider, CallServer, ExecutionScope
 from .blobstore import BlobStore
 from .config import ConfigSource, check_config, create_backend, resolve_config
-from .errors import ConfigurationError, ErrorKind, SandboxClosedError, UnknownProfileError
+from .errors import (
+    ConfigurationError,
+    ErrorKind,
+    SandboxClosedError,
+    UnknownBackendError,
+    UnknownProfileError,
+)
 from .grading import Level, level_at_least
 from .host import ExecutionPlan, execute
 from .narrowing import (
@@ -42,6 +48,8 @@ from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
 from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
 from .selection import Candidate, Selection, default_order
+from .selection_cache import SelectionCache
+from .state import state_directory
 from .terms import ExecutionLimits
 
 
@@ -51,16 +59,12 @@ def default_run_log_path() -> str:
     explicit = os.environ.get("PSYCH_SANDBOX_RUN_LOG")
     if explicit:
         return explicit
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
-    directory = os.path.join(state, "psych-sandbox")
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        directory = state_directory()
     except OSError as exc:
         raise ConfigurationError(
-            f"cannot create the run log directory {directory}: {exc.strerror}; pass run_log= "
-            "or set PSYCH_SANDBOX_RUN_LOG"
+            f"cannot create the run log directory {exc.filename}: {exc.strerror}; pass "
+            "run_log= or set PSYCH_SANDBOX_RUN_LOG"
         ) from None
     return os.path.join(directory, "run-log.sqlite")
 
@@ -90,6 +94,7 @@ class Sandbox:
         blob_store: BlobStore | None = None,
         pattern_deadline_seconds: float = DEFAULT_SEARCH_DEADLINE_SECONDS,
         attachment_runs_in_memory: int = DEFAULT_RUNS_IN_MEMORY,
+        selection_cache: SelectionCache | None = None,
     ) -> None:
         # Binding calls are counted per run in a run log. A run that spans executions (an
         # explicit run_id) is counted in a durable log, so a host that crashes and restarts
@@ -116,6 +121,10 @@ class Sandbox:
         self.config = resolve_config(config)
         self.registry = registry or BackendRegistry()
         check_config(self.config, self.registry)
+        # Where default's choice is remembered across processes (selection_cache.py): for a
+        # process that runs one program, as the CLI does. Without one, it is the process's.
+        self._selection_cache = selection_cache
+        self._remembered: Selection | None = None
         self._loaded: dict[str, _LoadedProfile] = {}
         self._lock = anyio.Lock()
         self._closed = False
@@ -231,7 +240,38 @@ class Sandbox:
         )
         pool = self._pool(loaded)
         result = await pool.run(plan) if pool is not None else await execute(loaded.backend, plan)
+        if self._forget_stale_choice(loaded, result):
+            # The remembered backend no longer starts here, so the program did not run:
+            # choose again with trials and run it, as if nothing had been remembered.
+            return await self.run(
+                source,
+                bindings=bindings,
+                request=request,
+                policy=policy,
+                tenant=tenant,
+                run_id=run_id,
+                cancel=cancel,
+                require_preservation=require_preservation,
+            )
         return _with_notes(result, loaded.selection)
+
+    def _forget_stale_choice(self, loaded: _LoadedProfile, result: ExecutionResult) -> bool:
+        """Forget a remembered choice of default's that this execution showed wrong here;
+        True when the program did not run, so it may run on a fresh choice."""
+        selection = loaded.selection
+        if selection is None or not selection.remembered or self._selection_cache is None:
+            return False
+        not_ready = result.error is not None and result.error.kind is ErrorKind.BACKEND_NOT_READY
+        weaker = bool(result.grades) and not level_at_least(
+            Level(result.level), selection.chosen.claims
+        )
+        if not (not_ready or weaker):
+            return False
+        self._selection_cache.forget()
+        self._loaded.pop(loaded.name, None)
+        self._pools.pop(loaded.name, None)
+        self._remembered = None
+        return not_ready
 
     async def warmed(self, profile: str) -> None:
         """Wait until ``profile`` has a prepared child waiting for its program (at once when
@@ -313,7 +353,7 @@ class Sandbox:
             if config is None:
                 if name == DEFAULT_PROFILE:
                     config = ProfileConfig()
-                elif name in self.registry.ids():
+                elif self._installed(name):
                     config = ProfileConfig(backend=name)
                 else:
                     close = difflib.get_close_matches(name, self.profile_names(), n=1)
@@ -351,13 +391,43 @@ class Sandbox:
             self._loaded[name] = loaded
             return loaded
 
+    def _installed(self, backend_id: str) -> bool:
+        """Whether a backend of that id is installed, loading only its own plugin when the
+        entry point is named for it (as it should be), not every installed one."""
+        try:
+            self.registry.get(backend_id)
+        except UnknownBackendError:
+            return False
+        return True
+
+    def _still_claims(self, candidate: Candidate) -> bool:
+        """Whether ``candidate`` is installed here and claims the level it was chosen at."""
+        try:
+            registered = self.registry.get(candidate.backend_id)
+        except ConfigurationError:
+            return False
+        return Level(registered.cls.claims) is candidate.claims
+
     async def strongest_working_backend(self) -> str:
         """The backend ``default`` runs on this host (see :meth:`default_selection`)."""
         return (await self.default_selection()).chosen.backend_id
 
     async def default_selection(self) -> Selection:
-        """What ``default`` runs on this host (see :func:`select_default`)."""
-        return await select_default(self.registry, self.config.backend_preference)
+        """What ``default`` runs on this host (see :func:`select_default`), or what a
+        selection cache remembers it ran on recently."""
+        preference = self.config.backend_preference
+        cache = self._selection_cache
+        if cache is None:
+            return await select_default(self.registry, preference)
+        if self._remembered is None:
+            remembered = cache.load(self.registry, preference)
+            if remembered is not None and not self._still_claims(remembered.chosen):
+                remembered = None
+            if remembered is None:
+                remembered = await select_default(self.registry, preference)
+                cache.store(self.registry, preference, remembered)
+            self._remembered = remembered
+        return self._remembered
 
 
 async def select_default(registry: BackendRegistry, preference: Sequence[str] = ()) -> Selection:

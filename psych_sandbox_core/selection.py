@@ -76,6 +76,8 @@ class Selection:
     order: tuple[Candidate, ...]
     #: Candidates tried before the chosen one, each with why it does not work here.
     skipped: tuple[tuple[Candidate, str], ...] = ()
+    #: Read back from an earlier process's trials (selection_cache.py), not tried here.
+    remembered: bool = False
 
     @property
     def why(self) -> str:
