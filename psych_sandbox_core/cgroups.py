@@ -319,6 +319,28 @@ def detect() -> CgroupHost | str:
     return result
 
 
+async def prepared(
+    backend: str, *, memory_bytes: int | None = None, pids: int | None = None
+) -> ExecutionCgroup | None:
+    """A fresh cgroup for one execution of ``backend``, capped as asked and ready to be
+    joined; None where this host can make none. A cgroup that cannot be fully set up measures
+    nothing trustworthy, so it is removed and None returned: the execution runs without."""
+    host = detect()
+    if isinstance(host, str):
+        return None
+    try:
+        cgroup = host.create(backend)
+    except OSError:
+        return None
+    try:
+        cgroup.limit(memory_bytes, pids)
+        cgroup.open_for_joining()
+    except OSError:
+        await cgroup.remove()
+        return None
+    return cgroup
+
+
 def remove_leftovers(host: CgroupHost) -> None:
     """Remove per-execution cgroups whose host process is gone (it died before teardown;
     its sandbox died with it, so they are empty)."""

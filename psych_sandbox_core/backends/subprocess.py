@@ -134,19 +134,7 @@ class SubprocessBackend(Backend):
             # Only a root host makes cgroups, and only a program that is not root cannot
             # leave its own.
             return None
-        host = cgroups.detect()
-        if isinstance(host, str):
-            return None
-        try:
-            cgroup = host.create(self.id)
-        except OSError:
-            return None
-        try:
-            cgroup.open_for_joining()
-        except OSError:
-            await cgroup.remove()
-            return None
-        return cgroup
+        return await cgroups.prepared(self.id)
 
     def mechanisms(self) -> Mechanisms:
         pid_namespace = bool(self.namespaces & CLONE_NEWPID)

@@ -202,23 +202,11 @@ class BwrapBackend(Backend):
 
     async def execution_cgroup(self, request: LaunchRequest) -> cgroups.ExecutionCgroup | None:
         """A fresh cgroup, capped and ready to be joined, or None where there can be none."""
-        host = cgroups.detect()
-        if isinstance(host, str):
-            return None
-        try:
-            cgroup = host.create(self.id)
-        except OSError:
-            return None
         processes = request.limits.processes
         pids = (processes if processes is not None else DEFAULT_PIDS) + PIDS_CGROUP_HEADROOM
-        try:
-            cgroup.limit(self.memory_cgroup_bytes(request), pids)
-            cgroup.open_for_joining()
-        except OSError:
-            # A cgroup we cannot fully set up measures nothing trustworthy: run without.
-            await cgroup.remove()
-            return None
-        return cgroup
+        return await cgroups.prepared(
+            self.id, memory_bytes=self.memory_cgroup_bytes(request), pids=pids
+        )
 
     def command(self, request: LaunchRequest, channel_spec: str, info_fd: int) -> list[str]:
         """The bwrap command line for one execution."""
