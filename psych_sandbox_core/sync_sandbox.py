@@ -1,0 +1,325 @@
+"""The synchronous front door: a :class:`SyncSandbox` is a :class:`Sandbox` for code that
+has no event loop of its own.
+
+Each SyncSandbox runs one event loop, on one thread of its own (anyio's blocking portal), and
+the Sandbox lives on it for the SyncSandbox's whole life; every call is handed to that loop
+and waited for. Closing it (``close()``, the end of ``with``, or the finaliser when it is
+dropped unclosed) cancels what is still running, waits for the teardown, stops the loop and
+joins the thread, so nothing it started outlives it.
+
+A Ctrl-C (KeyboardInterrupt) in the thread waiting on :meth:`SyncSandbox.run` cancels that
+execution, waits until it is torn down (processes, workspace, everything; further Ctrl-Cs
+meanwhile are absorbed, as the teardown is bounded), and is then re-raised.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+import anyio
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from .attachments import DEFAULT_RUNS_IN_MEMORY, DEFAULT_WINDOW_BYTES, Window
+from .bindings import BindingProvider
+from .blobstore import BlobStore
+from .config import ConfigSource
+from .errors import SandboxClosedError
+from .narrowing import ExecutionRequest, TenantPolicy
+from .paging import DEFAULT_SEARCH_DEADLINE_SECONDS
+from .pattern_search import SearchResult
+from .registry import BackendRegistry
+from .result import ExecutionResult
+from .runlog import RunLog
+from .sandbox import Sandbox
+from .selection import Selection
+
+T = TypeVar("T")
+
+
+class Cancellation:
+    """Cancels the executions it was passed to (``run(..., cancel=...)``), from any thread.
+
+    Made by :meth:`SyncSandbox.cancellation`; an execution it cancels ends with the error
+    kind ``cancelled``. Once cancelled it stays cancelled.
+    """
+
+    def __init__(self, loop: _Loop, event: anyio.Event) -> None:
+        self._loop = loop
+        self._event = event
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        self._loop.set(self._event)
+
+
+class _Loop:
+    """The event loop thread, the Sandbox entered on it, and the executions in flight.
+
+    Holds no reference to the SyncSandbox, so the SyncSandbox's finaliser can close it."""
+
+    def __init__(self, backend: str) -> None:
+        self.lock = threading.Lock()
+        self.closed = False
+        self.in_flight: list[anyio.Event] = []
+        self._entered: AbstractContextManager[Any] | None = None
+        self._portal_cm = start_blocking_portal(backend, name="psych-sandbox-loop")
+        self.portal: BlockingPortal = self._portal_cm.__enter__()
+        try:
+            self.thread_id = self.portal.call(threading.get_ident)
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
+
+    def enter(self, sandbox: Sandbox) -> None:
+        entered = self.portal.wrap_async_context_manager(sandbox)
+        entered.__enter__()
+        self._entered = entered
+
+    def set(self, event: anyio.Event) -> None:
+        if threading.get_ident() == self.thread_id:
+            event.set()
+            return
+        try:
+            self.portal.call(event.set)
+        except RuntimeError:
+            pass  # the loop has stopped: nothing is left running to cancel
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            running = list(self.in_flight)
+        if threading.get_ident() == self.thread_id:
+            # Dropped on the loop thread itself (from a binding, say): a thread cannot wait
+            # for its own end, so a short-lived helper closes it and then ends too.
+            threading.Thread(
+                target=self._shutdown, args=(running,), name="psych-sandbox-close"
+            ).start()
+            return
+        self._shutdown(running)
+
+    def _shutdown(self, running: list[anyio.Event]) -> None:
+        try:
+            for event in running:
+                self.set(event)
+            if self._entered is not None:
+                self._entered.__exit__(None, None, None)
+        finally:
+            # Waits for the executions just cancelled to finish tearing down, stops the
+            # loop and joins its thread.
+            self._portal_cm.__exit__(None, None, None)
+
+
+class SyncSandbox:
+    """Runs untrusted programs from synchronous code, with :class:`Sandbox`'s semantics.
+
+    Use as ``with SyncSandbox() as sandbox: result = sandbox.run(source)``. Safe to call from
+    several threads at once: their executions run concurrently on the SyncSandbox's loop.
+    ``async_backend`` is the event loop it runs (``"asyncio"`` or ``"trio"``); every other
+    argument is :class:`Sandbox`'s.
+    """
+
+    def __init__(
+        self,
+        config: ConfigSource = None,
+        *,
+        registry: BackendRegistry | None = None,
+        run_log: RunLog | None = None,
+        blob_store: BlobStore | None = None,
+        pattern_deadline_seconds: float = DEFAULT_SEARCH_DEADLINE_SECONDS,
+        attachment_runs_in_memory: int = DEFAULT_RUNS_IN_MEMORY,
+        async_backend: str = "asyncio",
+    ) -> None:
+        loop = _Loop(async_backend)
+        self._loop = loop
+        self._finalizer = weakref.finalize(self, loop.close)
+        try:
+            # Made on the loop, where its locks and events belong. Invalid configuration
+            # raises here, as Sandbox's constructor does.
+            self._sandbox: Sandbox = loop.portal.call(
+                functools.partial(
+                    Sandbox,
+                    config,
+                    registry=registry,
+                    run_log=run_log,
+                    blob_store=blob_store,
+                    pattern_deadline_seconds=pattern_deadline_seconds,
+                    attachment_runs_in_memory=attachment_runs_in_memory,
+                )
+            )
+            loop.enter(self._sandbox)
+        except BaseException:
+            self._finalizer()
+            raise
+
+    def __enter__(self) -> SyncSandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Cancel what is still running, wait for its teardown, stop the loop thread."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._loop.closed
+
+    @property
+    def sandbox(self) -> Sandbox:
+        """The Sandbox underneath (its coroutines belong to this SyncSandbox's loop)."""
+        return self._sandbox
+
+    def cancellation(self) -> Cancellation:
+        """A handle that cancels, from any thread, the runs it is passed to."""
+        return Cancellation(self._loop, self._call(_new_event))
+
+    def run(
+        self,
+        source: str,
+        *,
+        profile: str | None = None,
+        timeout: float | None = None,
+        bindings: BindingProvider | None = None,
+        request: ExecutionRequest | None = None,
+        policy: TenantPolicy | None = None,
+        tenant: str = "default",
+        run_id: str | None = None,
+        cancel: Cancellation | None = None,
+        require_preservation: bool = False,
+    ) -> ExecutionResult:
+        """Run one program and wait for its result (see :meth:`Sandbox.run`).
+
+        A KeyboardInterrupt while waiting cancels the execution, waits for its teardown and
+        is re-raised.
+        """
+        if cancel is None:
+            cancel = self.cancellation()
+        elif cancel._loop is not self._loop:
+            raise ValueError("that Cancellation belongs to another SyncSandbox")
+        event = cancel._event
+        loop = self._loop
+        call = functools.partial(
+            self._sandbox.run,
+            source,
+            profile=profile,
+            timeout=timeout,
+            bindings=bindings,
+            request=request,
+            policy=policy,
+            tenant=tenant,
+            run_id=run_id,
+            cancel=event,
+            require_preservation=require_preservation,
+        )
+        with loop.lock:
+            if loop.closed:
+                raise SandboxClosedError("run() called on a closed SyncSandbox")
+            # Registered and started under the lock: close() either sees it and cancels
+            # it, or came first and it never starts.
+            loop.in_flight.append(event)
+            future: Future[ExecutionResult] = loop.portal.start_task_soon(call)
+        try:
+            try:
+                return future.result()
+            except KeyboardInterrupt:
+                _cancel_and_wait(cancel, future)
+                raise
+        finally:
+            with loop.lock:
+                loop.in_flight.remove(event)
+
+    def warmed(self, profile: str) -> None:
+        """Wait until ``profile`` has a prepared child waiting (see :meth:`Sandbox.warmed`)."""
+        self._call(functools.partial(self._sandbox.warmed, profile))
+
+    def profile_names(self) -> list[str]:
+        return self._sandbox.profile_names()
+
+    def default_selection(self) -> Selection:
+        """What ``default`` runs on this host (see :meth:`Sandbox.default_selection`)."""
+        return self._call(self._sandbox.default_selection)
+
+    def read_attachment(
+        self,
+        handle: str,
+        *,
+        run_id: str,
+        tenant: str = "default",
+        offset: int = 0,
+        length: int = DEFAULT_WINDOW_BYTES,
+    ) -> Window:
+        """A window of an attachment this run recorded (see :meth:`Sandbox.read_attachment`)."""
+        return self._call(
+            functools.partial(
+                self._sandbox.read_attachment,
+                handle,
+                run_id=run_id,
+                tenant=tenant,
+                offset=offset,
+                length=length,
+            )
+        )
+
+    def search_attachment(
+        self,
+        handle: str,
+        pattern: str,
+        *,
+        run_id: str,
+        tenant: str = "default",
+        ignore_case: bool = False,
+        max_matches: int = 100,
+    ) -> SearchResult:
+        """Pattern matches in an attachment (see :meth:`Sandbox.search_attachment`)."""
+        return self._call(
+            functools.partial(
+                self._sandbox.search_attachment,
+                handle,
+                pattern,
+                run_id=run_id,
+                tenant=tenant,
+                ignore_case=ignore_case,
+                max_matches=max_matches,
+            )
+        )
+
+    def _call(self, func: Callable[[], Awaitable[T]]) -> T:
+        loop = self._loop
+        if loop.closed:
+            raise SandboxClosedError("called on a closed SyncSandbox")
+        try:
+            return loop.portal.call(func)
+        except RuntimeError:
+            if loop.closed:
+                raise SandboxClosedError("called on a closed SyncSandbox") from None
+            raise
+
+
+async def _new_event() -> anyio.Event:
+    return anyio.Event()  # on the loop, where it is waited for
+
+
+def _cancel_and_wait(cancel: Cancellation, future: Future[ExecutionResult]) -> None:
+    """Cancel the execution and wait until it has ended; a Ctrl-C meanwhile changes
+    nothing (the teardown is bounded by the host's kill schedule)."""
+    while True:
+        try:
+            cancel.cancel()
+            future.result()
+            return
+        except KeyboardInterrupt:
+            continue
+        except BaseException:
+            return  # it ended some other way; the interrupt is what the caller gets
