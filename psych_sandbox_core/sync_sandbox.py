@@ -176,11 +176,6 @@ class SyncSandbox:
     def closed(self) -> bool:
         return self._loop.closed
 
-    @property
-    def sandbox(self) -> Sandbox:
-        """The Sandbox underneath (its coroutines belong to this SyncSandbox's loop)."""
-        return self._sandbox
-
     def cancellation(self) -> Cancellation:
         """A handle that cancels, from any thread, the runs it is passed to."""
         return Cancellation(self._loop, self._call(_new_event))
@@ -223,22 +218,24 @@ class SyncSandbox:
             cancel=event,
             require_preservation=require_preservation,
         )
-        with loop.lock:
-            if loop.closed:
-                raise SandboxClosedError("run() called on a closed SyncSandbox")
-            # Registered and started under the lock: close() either sees it and cancels
-            # it, or came first and it never starts.
-            loop.in_flight.append(event)
-            future: Future[ExecutionResult] = loop.portal.start_task_soon(call)
+        future: Future[ExecutionResult] | None = None
         try:
-            try:
-                return future.result()
-            except KeyboardInterrupt:
+            with loop.lock:
+                if loop.closed:
+                    raise SandboxClosedError("run() called on a closed SyncSandbox")
+                # Registered and started under the lock: close() either sees it and cancels
+                # it, or came first and it never starts.
+                loop.in_flight.append(event)
+                future = loop.portal.start_task_soon(call)
+            return future.result()
+        except KeyboardInterrupt:
+            if future is not None:
                 _cancel_and_wait(cancel, future)
-                raise
+            raise
         finally:
             with loop.lock:
-                loop.in_flight.remove(event)
+                if event in loop.in_flight:
+                    loop.in_flight.remove(event)
 
     def warmed(self, profile: str) -> None:
         """Wait until ``profile`` has a prepared child waiting (see :meth:`Sandbox.warmed`)."""
