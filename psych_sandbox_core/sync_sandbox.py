@@ -19,10 +19,11 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 import anyio
+import anyio.abc
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .attachments import DEFAULT_RUNS_IN_MEMORY, DEFAULT_WINDOW_BYTES, Window
@@ -61,6 +62,14 @@ class Cancellation:
         self._loop.set(self._event)
 
 
+@dataclass(eq=False)
+class _Running:
+    """One execution in flight: how to cancel it and how to wait for its end."""
+
+    cancel: anyio.Event
+    done: Future[ExecutionResult] | None = None
+
+
 class _Loop:
     """The event loop thread, the Sandbox entered on it, and the executions in flight.
 
@@ -69,20 +78,21 @@ class _Loop:
     def __init__(self, backend: str) -> None:
         self.lock = threading.Lock()
         self.closed = False
-        self.in_flight: list[anyio.Event] = []
-        self._entered: AbstractContextManager[Any] | None = None
+        self.in_flight: list[_Running] = []
+        self._serving: Future[None] | None = None
+        self._stop_serving: anyio.Event | None = None
         self._portal_cm = start_blocking_portal(backend, name="psych-sandbox-loop")
         self.portal: BlockingPortal = self._portal_cm.__enter__()
         try:
-            self.thread_id = self.portal.call(threading.get_ident)
+            self.thread: threading.Thread = self.portal.call(threading.current_thread)
+            self.thread_id = self.thread.ident
         except BaseException:
             self._portal_cm.__exit__(None, None, None)
             raise
 
     def enter(self, sandbox: Sandbox) -> None:
-        entered = self.portal.wrap_async_context_manager(sandbox)
-        entered.__enter__()
-        self._entered = entered
+        """Enter ``sandbox`` in a task of its own that holds it open until close."""
+        self._serving, self._stop_serving = self.portal.start_task(_serve, sandbox)
 
     def set(self, event: anyio.Event) -> None:
         if threading.get_ident() == self.thread_id:
@@ -94,6 +104,8 @@ class _Loop:
             pass  # the loop has stopped: nothing is left running to cancel
 
     def close(self) -> None:
+        """Cancel what runs, wait for it and for the Sandbox's exit, stop the loop. A Ctrl-C
+        meanwhile does not cut that short: it is raised once everything is closed."""
         with self.lock:
             if self.closed:
                 return
@@ -106,18 +118,46 @@ class _Loop:
                 target=self._shutdown, args=(running,), name="psych-sandbox-close"
             ).start()
             return
-        self._shutdown(running)
+        if self._shutdown(running):
+            raise KeyboardInterrupt
 
-    def _shutdown(self, running: list[anyio.Event]) -> None:
+    def _shutdown(self, running: list[_Running]) -> bool:
+        interrupted = False
+        for run in running:
+            interrupted |= _absorbing(functools.partial(self.set, run.cancel))
+            if run.done is not None:
+                interrupted |= _absorbing(run.done.result)
+        stop, serving = self._stop_serving, self._serving
+        if stop is not None and serving is not None:
+            # The Sandbox's exit tears down its warm children.
+            interrupted |= _absorbing(functools.partial(self.set, stop))
+            interrupted |= _absorbing(serving.result)
+        # Stops the loop (nothing is left running on it) and joins its thread; joined again
+        # in case a Ctrl-C cut the first join short.
+        interrupted |= _absorbing(functools.partial(self._portal_cm.__exit__, None, None, None))
+        interrupted |= _absorbing(self.thread.join)
+        return interrupted
+
+
+async def _serve(sandbox: Sandbox, *, task_status: anyio.abc.TaskStatus[anyio.Event]) -> None:
+    async with sandbox:
+        stop = anyio.Event()
+        task_status.started(stop)
+        await stop.wait()
+
+
+def _absorbing(wait: Callable[[], object]) -> bool:
+    """Run a blocking step to its end, whatever Ctrl-Cs arrive meanwhile (it is retried; each
+    step is idempotent or a wait); True if one did. Other failures end the step."""
+    interrupted = False
+    while True:
         try:
-            for event in running:
-                self.set(event)
-            if self._entered is not None:
-                self._entered.__exit__(None, None, None)
-        finally:
-            # Waits for the executions just cancelled to finish tearing down, stops the
-            # loop and joins its thread.
-            self._portal_cm.__exit__(None, None, None)
+            wait()
+            return interrupted
+        except KeyboardInterrupt:
+            interrupted = True
+        except BaseException:
+            return interrupted
 
 
 class SyncSandbox:
@@ -199,12 +239,15 @@ class SyncSandbox:
         A KeyboardInterrupt while waiting cancels the execution, waits for its teardown and
         is re-raised.
         """
+        loop = self._loop
+        if threading.get_ident() == loop.thread_id:
+            # An async binding blocking its own loop on a run that loop must drive.
+            raise RuntimeError("SyncSandbox.run() cannot be called from its own event loop")
         if cancel is None:
             cancel = self.cancellation()
         elif cancel._loop is not self._loop:
             raise ValueError("that Cancellation belongs to another SyncSandbox")
         event = cancel._event
-        loop = self._loop
         call = functools.partial(
             self._sandbox.run,
             source,
@@ -218,24 +261,26 @@ class SyncSandbox:
             cancel=event,
             require_preservation=require_preservation,
         )
-        future: Future[ExecutionResult] | None = None
+        running = _Running(event)
         try:
             with loop.lock:
                 if loop.closed:
                     raise SandboxClosedError("run() called on a closed SyncSandbox")
                 # Registered and started under the lock: close() either sees it and cancels
                 # it, or came first and it never starts.
-                loop.in_flight.append(event)
-                future = loop.portal.start_task_soon(call)
-            return future.result()
+                loop.in_flight.append(running)
+                running.done = loop.portal.start_task_soon(call)
+            return running.done.result()
         except KeyboardInterrupt:
-            if future is not None:
-                _cancel_and_wait(cancel, future)
+            if running.done is not None:
+                # Cancel it and wait until it is torn down; then the interrupt goes on.
+                _absorbing(cancel.cancel)
+                _absorbing(running.done.result)
             raise
         finally:
             with loop.lock:
-                if event in loop.in_flight:
-                    loop.in_flight.remove(event)
+                if running in loop.in_flight:
+                    loop.in_flight.remove(running)
 
     def warmed(self, profile: str) -> None:
         """Wait until ``profile`` has a prepared child waiting (see :meth:`Sandbox.warmed`)."""
@@ -306,17 +351,3 @@ class SyncSandbox:
 
 async def _new_event() -> anyio.Event:
     return anyio.Event()  # on the loop, where it is waited for
-
-
-def _cancel_and_wait(cancel: Cancellation, future: Future[ExecutionResult]) -> None:
-    """Cancel the execution and wait until it has ended; a Ctrl-C meanwhile changes
-    nothing (the teardown is bounded by the host's kill schedule)."""
-    while True:
-        try:
-            cancel.cancel()
-            future.result()
-            return
-        except KeyboardInterrupt:
-            continue
-        except BaseException:
-            return  # it ended some other way; the interrupt is what the caller gets

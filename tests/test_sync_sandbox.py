@@ -271,3 +271,61 @@ def test_close_cancels_a_run_still_going_in_another_thread() -> None:
     runner.join()
     (result,) = results
     assert result.error is not None and result.error.kind is ErrorKind.CANCELLED
+
+
+def test_ctrl_c_during_close_is_raised_only_once_everything_is_closed(
+    default_sigint: None, private_tmp: Path
+) -> None:
+    main = threading.main_thread().ident
+    assert threading.current_thread() is threading.main_thread() and main is not None
+    children = descendants()
+    started = threading.Event()
+    results: list[Any] = []
+    # The program answers the teardown's SIGTERM by writing to this FIFO (and does not
+    # exit, so the teardown goes on to the grace period and SIGKILL): the Ctrl-C lands
+    # while close() waits for that teardown.
+    fifo = private_tmp / "sigterm-seen"
+    os.mkfifo(fifo)
+    os.chmod(fifo, 0o666)
+
+    def interrupt_on_sigterm() -> None:
+        with open(fifo, "rb") as seen:
+            if seen.read(1):
+                signal.pthread_kill(main, signal.SIGINT)
+
+    def ready() -> bool:
+        started.set()
+        return True
+
+    sandbox = SyncSandbox(config())
+
+    def worker() -> None:
+        results.append(
+            sandbox.run(
+                "import signal, time\n"
+                "def seen(*_):\n"
+                f"    with open({str(fifo)!r}, 'wb') as fh:\n"
+                "        fh.write(b'x')\n"
+                "signal.signal(signal.SIGTERM, seen)\n"
+                "await ready()\n"
+                "while True:\n"
+                "    time.sleep(1)",
+                profile=PROFILE,
+                bindings=FunctionBindings({"ready": ready}),
+            )
+        )
+
+    interrupter = threading.Thread(target=interrupt_on_sigterm)
+    interrupter.start()
+    runner = threading.Thread(target=worker)
+    runner.start()
+    started.wait()
+    loop_thread = sandbox._loop.thread
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.close()
+    assert not loop_thread.is_alive()
+    assert descendants() - children == set()
+    interrupter.join()
+    runner.join()
+    (result,) = results
+    assert result.error is not None and result.error.kind is ErrorKind.CANCELLED
