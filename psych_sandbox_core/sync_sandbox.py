@@ -15,10 +15,12 @@ meanwhile are absorbed, as the teardown is bounded), and is then re-raised.
 from __future__ import annotations
 
 import functools
+import signal
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -118,8 +120,9 @@ class _Loop:
                 target=self._shutdown, args=(running,), name="psych-sandbox-close"
             ).start()
             return
-        if self._shutdown(running):
-            raise KeyboardInterrupt
+        with _interrupts_deferred() as deferred:
+            if self._shutdown(running):
+                deferred.append(True)
 
     def _shutdown(self, running: list[_Running]) -> bool:
         interrupted = False
@@ -144,6 +147,30 @@ async def _serve(sandbox: Sandbox, *, task_status: anyio.abc.TaskStatus[anyio.Ev
         stop = anyio.Event()
         task_status.started(stop)
         await stop.wait()
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[list[bool]]:
+    """Inside, a Ctrl-C is recorded rather than raised, and raised on leaving (once), so a
+    cleanup is never cut off between two of its steps. Only where Python's own SIGINT handler
+    is installed and this is the main thread (elsewhere, and for a handler the application
+    installed, nothing changes; the steps still absorb interrupts one by one)."""
+    seen: list[bool] = []
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield seen
+        if seen:
+            raise KeyboardInterrupt
+        return
+    signal.signal(signal.SIGINT, lambda signum, frame: seen.append(True))
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if seen:
+        raise KeyboardInterrupt
 
 
 def _absorbing(wait: Callable[[], object]) -> bool:
@@ -274,8 +301,9 @@ class SyncSandbox:
         except KeyboardInterrupt:
             if running.done is not None:
                 # Cancel it and wait until it is torn down; then the interrupt goes on.
-                _absorbing(cancel.cancel)
-                _absorbing(running.done.result)
+                with _interrupts_deferred():
+                    _absorbing(cancel.cancel)
+                    _absorbing(running.done.result)
             raise
         finally:
             with loop.lock:

@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from psych_sandbox_core import (
+    ConfigurationError,
     DeploymentConfig,
     ErrorKind,
     ExecutionLimits,
@@ -274,49 +275,30 @@ def test_close_cancels_a_run_still_going_in_another_thread() -> None:
 
 
 def test_ctrl_c_during_close_is_raised_only_once_everything_is_closed(
-    default_sigint: None, private_tmp: Path
+    default_sigint: None,
 ) -> None:
     main = threading.main_thread().ident
     assert threading.current_thread() is threading.main_thread() and main is not None
     children = descendants()
     started = threading.Event()
     results: list[Any] = []
-    # The program answers the teardown's SIGTERM by writing to this FIFO (and does not
-    # exit, so the teardown goes on to the grace period and SIGKILL): the Ctrl-C lands
-    # while close() waits for that teardown.
-    fifo = private_tmp / "sigterm-seen"
-    os.mkfifo(fifo)
-    os.chmod(fifo, 0o666)
 
-    def interrupt_on_sigterm() -> None:
-        with open(fifo, "rb") as seen:
-            if seen.read(1):
-                signal.pthread_kill(main, signal.SIGINT)
-
-    def ready() -> bool:
+    async def hold() -> None:
         started.set()
-        return True
+        try:
+            await anyio.sleep_forever()
+        finally:
+            # The teardown close() began is cancelling this call, and the execution cannot
+            # end before the call has: the Ctrl-C lands while close() waits for it.
+            signal.pthread_kill(main, signal.SIGINT)
 
     sandbox = SyncSandbox(config())
 
     def worker() -> None:
         results.append(
-            sandbox.run(
-                "import signal, time\n"
-                "def seen(*_):\n"
-                f"    with open({str(fifo)!r}, 'wb') as fh:\n"
-                "        fh.write(b'x')\n"
-                "signal.signal(signal.SIGTERM, seen)\n"
-                "await ready()\n"
-                "while True:\n"
-                "    time.sleep(1)",
-                profile=PROFILE,
-                bindings=FunctionBindings({"ready": ready}),
-            )
+            sandbox.run("await hold()", profile=PROFILE, bindings=FunctionBindings({"hold": hold}))
         )
 
-    interrupter = threading.Thread(target=interrupt_on_sigterm)
-    interrupter.start()
     runner = threading.Thread(target=worker)
     runner.start()
     started.wait()
@@ -325,7 +307,18 @@ def test_ctrl_c_during_close_is_raised_only_once_everything_is_closed(
         sandbox.close()
     assert not loop_thread.is_alive()
     assert descendants() - children == set()
-    interrupter.join()
     runner.join()
     (result,) = results
     assert result.error is not None and result.error.kind is ErrorKind.CANCELLED
+
+
+def test_invalid_configuration_raises_at_construction_and_leaves_no_thread(
+    tmp_path: Path,
+) -> None:
+    threads = os_threads()
+    bad = tmp_path / "deployment.toml"
+    bad.write_text("[profiles.x]\nbackend = 'subprocess'\nwarmth = 1\n")
+    with pytest.raises(ConfigurationError):
+        SyncSandbox(bad)
+    assert not any(t.name == "psych-sandbox-loop" for t in threading.enumerate())
+    assert wait_gone(os_threads, threads, THREAD_EXIT_SECONDS) == set()
