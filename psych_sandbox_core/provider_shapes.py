@@ -166,7 +166,7 @@ def shell_call_output(
     limit = _limit(max_chars, DEFAULT_MAX_CHARS)
     outputs = []
     for result in results:
-        stdout, stderr = _split(_stdout_text(result), _stderr_text(result), limit, model_limit)
+        stdout, stderr = _split(*_streams(result), limit, model_limit)
         outcome: dict[str, Any]
         if _kind_of(result) == ErrorKind.TIMEOUT.value:
             outcome = {"type": "timeout"}
@@ -192,13 +192,13 @@ def gemini_code_execution_result(
     id, when the model's part carried one.
     """
     kind = _kind_of(result)
+    stdout, stderr = _streams(result)
     if kind is None:
-        outcome, stdout, stderr = "OUTCOME_OK", _stdout_text(result), _Piece("")
+        outcome, stderr = "OUTCOME_OK", _Piece("")
+    elif kind == ErrorKind.TIMEOUT.value:
+        outcome = "OUTCOME_DEADLINE_EXCEEDED"
     else:
-        outcome = (
-            "OUTCOME_DEADLINE_EXCEEDED" if kind == ErrorKind.TIMEOUT.value else "OUTCOME_FAILED"
-        )
-        stdout, stderr = _stdout_text(result), _stderr_text(result)
+        outcome = "OUTCOME_FAILED"
     shown_out, shown_err = _split(stdout, stderr, _limit(max_chars, DEFAULT_MAX_CHARS))
     body: dict[str, Any] = {"outcome": outcome, "output": shown_out + shown_err}
     if id is not None:
@@ -263,6 +263,14 @@ class _Piece:
 
     def cut(self, limit: int) -> str:
         return cut_text(self.text, limit, gap_bytes=self.gap_bytes, gap_lines=self.gap_lines)
+
+
+def _streams(result: ExecutionResult) -> tuple[_Piece, _Piece]:
+    """The stdout and stderr texts of a result (see :func:`shell_call_output`)."""
+    try:
+        return _stdout_text(result), _stderr_text(result)
+    except Exception:  # an ExecutionResult built by hand can hold anything
+        return _Piece(""), _Piece("[invalid_output] the result could not be shown\n")
 
 
 def _stdout_text(result: ExecutionResult) -> _Piece:

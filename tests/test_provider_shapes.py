@@ -335,3 +335,12 @@ async def test_real_executions_through_each_shape(anyio_backend: str) -> None:
     assert gemini_code_execution_result(slow)["codeExecutionResult"]["outcome"] == (
         "OUTCOME_DEADLINE_EXCEEDED"
     )
+
+
+def test_a_result_with_fields_of_the_wrong_type_still_answers_as_a_failure() -> None:
+    broken = result().model_copy(update={"error": {"kind": "exception"}, "stdout": None})
+    assert anthropic_tool_result(broken, "t")["is_error"] is True
+    chunk = shell_call_output(broken, "c")["output"][0]
+    assert chunk["outcome"] == {"type": "exit", "exit_code": 1}
+    part = gemini_code_execution_result(broken)
+    assert part["codeExecutionResult"]["outcome"] == "OUTCOME_FAILED"
