@@ -27,8 +27,14 @@ if TYPE_CHECKING:
     )
     from .grading import Grade, Guarantee, Level, level_of
     from .profiles import DeploymentConfig, ProfileConfig
+    from .provider_shapes import (
+        anthropic_tool_result,
+        gemini_code_execution_result,
+        shell_call_output,
+    )
     from .result import ExecutionFailure, ExecutionNote, ExecutionResult
     from .sandbox import Sandbox
+    from .sync_sandbox import Cancellation, SyncSandbox
     from .terms import ExecutionLimits
 
 #: The one place the core's version is written; the distribution's metadata reads it from here.
@@ -53,15 +59,21 @@ _PUBLIC = {
     "level_of": "grading",
     "DeploymentConfig": "profiles",
     "ProfileConfig": "profiles",
+    "anthropic_tool_result": "provider_shapes",
+    "gemini_code_execution_result": "provider_shapes",
+    "shell_call_output": "provider_shapes",
     "ExecutionFailure": "result",
     "ExecutionNote": "result",
     "ExecutionResult": "result",
     "Sandbox": "sandbox",
+    "Cancellation": "sync_sandbox",
+    "SyncSandbox": "sync_sandbox",
     "ExecutionLimits": "terms",
 }
 
 __all__ = [
     "BindingProvider",
+    "Cancellation",
     "ConfigurationError",
     "DeploymentConfig",
     "ErrorKind",
@@ -78,12 +90,16 @@ __all__ = [
     "Sandbox",
     "SandboxClosedError",
     "SandboxError",
+    "SyncSandbox",
     "ToolCallError",
     "ToolSpec",
     "UnknownBackendError",
     "UnknownProfileError",
     "__version__",
+    "anthropic_tool_result",
+    "gemini_code_execution_result",
     "level_of",
+    "shell_call_output",
 ]
 
 

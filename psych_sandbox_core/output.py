@@ -178,8 +178,14 @@ def make_preview(capture: StreamCapture, budget: int) -> Preview:
     boundary so the preview never shows a torn character; the marker between the halves
     counts everything not shown, including what the capture cap already dropped.
     """
-    head, tail = capture.head, capture.tail
-    gap_bytes, gap_lines = capture.dropped_bytes, capture.dropped_lines
+    return preview_of(
+        capture.head, capture.tail, capture.dropped_bytes, capture.dropped_lines, budget
+    )
+
+
+def preview_of(head: bytes, tail: bytes, gap_bytes: int, gap_lines: int, budget: int) -> Preview:
+    """:func:`make_preview` of a head and a tail with ``gap_bytes`` (``gap_lines`` newlines)
+    already left out between them."""
     if gap_bytes == 0 and len(head) + len(tail) <= budget:
         whole = head + tail
         return Preview(whole.decode("utf-8", errors="replace"), len(whole), 0, 0)

@@ -59,3 +59,23 @@ def test_libraries_guide_examples_name_real_options(tmp_path: Path) -> None:
                 continue  # a plugin not installed here
             fields = registry.get(profile.backend).cls.Options.model_fields
             assert set(profile.options) <= set(fields), profile.options
+
+
+def _run_guide(name: str) -> None:
+    """Run a guide's one example and check it prints what the guide says it prints."""
+    text = (DOCS / name).read_text()
+    (example,) = _python_blocks(text)
+    namespace: dict[str, object] = {"__name__": name}
+    exec(compile(example, name, "exec"), namespace)
+    transcript = namespace["main"]()  # type: ignore[operator]
+    claimed = re.search(r"What it prints:\n\n```\n(.*?)```", text, flags=re.S)
+    assert claimed is not None
+    assert transcript == claimed.group(1).strip().splitlines()
+
+
+def test_sync_guide_example_runs_and_prints_what_it_claims() -> None:
+    _run_guide("sync.md")
+
+
+def test_provider_shapes_guide_example_runs_and_prints_what_it_claims() -> None:
+    _run_guide("provider-shapes.md")

@@ -147,11 +147,13 @@ def test_each_sdist_holds_only_its_own_package_readme_license_and_tests(
         tops = {name.split("/", 1)[0] for name in _sdist_members(item.sdist)}
         allowed = {source.package, "tests", source.readme, "LICENSE"} | SDIST_ALWAYS
         assert tops == allowed | source.extra_sdist, source.name
-        # The tests are the distribution's own: every one of them, nothing else's.
+        # The tests are the distribution's own: every one of them (and their golden files),
+        # nothing else's.
         shipped = {n for n in _sdist_members(item.sdist) if n.startswith("tests/")}
         assert shipped == {
             p.relative_to(source.directory).as_posix()
-            for p in (source.directory / "tests").rglob("*.py")
+            for p in (source.directory / "tests").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
         }
 
 
