@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 
@@ -26,3 +27,20 @@ def _private_run_log() -> Iterator[None]:
         for name in os.listdir(directory):
             os.unlink(os.path.join(directory, name))
         os.rmdir(directory)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_directory() -> Iterator[None]:
+    # What the CLI remembers between runs (the default profile's backend) goes to a state
+    # directory of this session's, not the user's, and goes with it.
+    directory = tempfile.mkdtemp(prefix="psych-test-state-")
+    previous = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = directory
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("XDG_STATE_HOME", None)
+        else:
+            os.environ["XDG_STATE_HOME"] = previous
+        shutil.rmtree(directory, ignore_errors=True)
