@@ -57,20 +57,29 @@ def remove_entry(dir_fd: int, name: str) -> None:
     if not stat.S_ISDIR(top.st_mode):
         _unlink(name, dir_fd)
         return
-    try:
-        fd = os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            _unlink(name, dir_fd)  # swapped for a link or file since the stat
-            return
-        if exc.errno == errno.ENOENT:
-            return
-        raise
+    fd = _open_directory(name, dir_fd)
+    if fd is None:
+        return
     try:
         _empty(fd)
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dir_fd)
+
+
+def _open_directory(name: str, dir_fd: int) -> int | None:
+    """A descriptor on the directory ``name`` of ``dir_fd``, never through a link; None when
+    it is gone, or was swapped for a link or a file since it was looked at (then removed as
+    the name it now is)."""
+    try:
+        return os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            _unlink(name, dir_fd)
+            return None
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
 
 
 def _open_up(dir_fd: int) -> None:
@@ -105,15 +114,9 @@ def _empty(top_fd: int) -> None:
                     os.rename(name, lifted, src_dir_fd=dir_fd, dst_dir_fd=top_fd)
                     descended = True  # the top now has more to do; rescan from there
                     continue
-                try:
-                    child = os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        _unlink(name, dir_fd)  # swapped for a link or file since the stat
-                        continue
-                    if exc.errno == errno.ENOENT:
-                        continue
-                    raise
+                child = _open_directory(name, dir_fd)
+                if child is None:
+                    continue
                 _open_up(child)
                 stack.append((child, name))
                 descended = True
