@@ -493,7 +493,7 @@ async def availability(
 ) -> Availability:
     """Whether ``backend_id`` works here, found by running a trivial program on it with
     default settings, or with ``options`` (a profile's); its level and grades are the
-    trial's. Remembered for the process."""
+    trial's. A trial that ran is remembered for the process."""
     registered = registry.get(backend_id)
     key: type[Backend] | tuple[type[Backend], str] = registered.cls
     if options:
@@ -532,5 +532,10 @@ async def availability(
         level=None if result is None or not result.grades else Level(result.level),
         grades=dict(result.grades) if result is not None else {},
     )
-    _TRIALS[key] = outcome
+    # What a quick check refused (an image not built yet, an engine not started) can change
+    # under a running process, and asking again costs nothing; only a trial that ran is kept.
+    if result is not None and (
+        result.error is None or result.error.kind is not ErrorKind.BACKEND_NOT_READY
+    ):
+        _TRIALS[key] = outcome
     return outcome

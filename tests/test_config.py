@@ -156,3 +156,37 @@ async def test_default_picks_the_strongest_backend_that_works_and_remembers() ->
     # Asked again in the same process, no new trial runs.
     assert await _Sandbox(registry=registry).strongest_working_backend() == chosen
     assert trials == sandbox_module._TRIALS
+
+
+@pytest.mark.anyio
+async def test_a_backend_not_ready_is_asked_again_once_it_is() -> None:
+    """An image built, an engine started: what a quick check refused is not remembered, so
+    the same process finds the backend once it is ready."""
+    from typing import ClassVar
+
+    from psych_sandbox_core import sandbox as sandbox_module
+    from psych_sandbox_core.backends.subprocess import SubprocessBackend
+    from psych_sandbox_core.hookspecs import hookimpl
+
+    class LateBackend(SubprocessBackend):
+        id: ClassVar[str] = "late"
+        ready: ClassVar[bool] = False
+
+        def unavailable_reason(self) -> str | None:
+            return None if LateBackend.ready else "not built yet"
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def psych_sandbox_register_backends(registry: BackendRegistry) -> None:
+            registry.add(LateBackend)
+
+    registry = BackendRegistry()
+    registry.register_plugin(Plugin(), "late-backend")
+    first = await sandbox_module.availability(registry, "late")
+    assert not first.available and first.reason == "not built yet"
+    LateBackend.ready = True
+    second = await sandbox_module.availability(registry, "late")
+    assert second.available, second.reason
+    # A trial that ran is remembered.
+    assert await sandbox_module.availability(registry, "late") is second

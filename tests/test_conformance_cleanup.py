@@ -185,6 +185,9 @@ def test_a_backend_that_leaves_a_daemon_fails_the_suite_and_the_daemon_is_killed
                 "-q",
                 "-p",
                 "no:cacheprovider",
+                # No short summary: whether its lines are cut to the terminal's width depends
+                # on where the suite runs, and each error is counted once, in its own block.
+                "-rN",
                 "--rootdir",
                 str(tmp_path),
                 "-k",
