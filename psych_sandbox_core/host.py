@@ -11,7 +11,6 @@ import secrets
 import shutil
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -38,6 +37,7 @@ from .channel import INLINE_DECODE_BYTES, FrameChannel
 from .errors import ErrorKind, ProtocolViolation
 from .grading import Grade, Guarantee, Level, grade, level_at_least, level_of
 from .host_work import HostWork
+from .leftovers import CANARY_PREFIX, make_directory
 from .output import StreamCapture
 from .process import ExitStatus
 from .protocol import (
@@ -149,7 +149,7 @@ class ProbeHarness:
 
     @asynccontextmanager
     async def active(self) -> AsyncIterator[ProbeHarness]:
-        self._dir = tempfile.mkdtemp(prefix="psych-canary-")
+        self._dir = make_directory(CANARY_PREFIX)
         try:
             os.chmod(self._dir, 0o755)
             canary = os.path.join(self._dir, "canary")
@@ -467,6 +467,12 @@ async def _supervise(
         finally:
             with anyio.CancelScope(shield=True):
                 status = await launched.finish()
+                if status.tree_ended is False and (
+                    state.grades.get(Guarantee.PROCESS_TREE) is Grade.ENFORCED
+                ):
+                    # The host could not see the tree end: what it produced is graded, and
+                    # withheld, as produced without that guarantee.
+                    state.grades[Guarantee.PROCESS_TREE] = Grade.UNVERIFIED
                 # Every process is gone; what they wrote is flushed. Bound the wait anyway:
                 # a descendant that escaped the tree must not hold the host.
                 with anyio.move_on_after(DRAIN_AFTER_EXIT_SECONDS):

@@ -45,6 +45,10 @@ class ExitStatus:
     #: Largest resident set of the direct child or a descendant it reaped (``wait4``): a
     #: lower bound the program can shrink, for the host's own helpers, never usage.
     reaped_peak_memory_bytes: int | None = None
+    #: Whether the host saw that nothing of the tree is left (its pid namespace killed and
+    #: found empty). False: it could not see that in time, so the process-tree guarantee is
+    #: not enforced for this execution; None: the backend has no such check.
+    tree_ended: bool | None = None
 
     def describe(self) -> str:
         if self.signal is not None:

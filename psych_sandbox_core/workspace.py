@@ -13,7 +13,8 @@ import errno
 import os
 import secrets
 import stat
-import tempfile
+
+from .leftovers import WORKSPACE_PREFIX, make_directory
 
 #: How many directory descriptors one removal holds open at once. A program can nest
 #: directories far deeper than any fd limit; below this depth a subtree is moved up to the
@@ -25,8 +26,9 @@ DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_
 
 
 def create_workspace(owner: tuple[int, int] | None = None) -> str:
-    """A fresh private directory (0700), owned by ``owner`` (uid, gid) when given."""
-    path = tempfile.mkdtemp(prefix="psych-ws-")
+    """A fresh private directory (0700), owned by ``owner`` (uid, gid) when given, named for
+    this host so that a later host removes it if this one is killed before it can."""
+    path = make_directory(WORKSPACE_PREFIX)
     if owner is not None:
         os.chown(path, *owner)
     return path

@@ -469,3 +469,23 @@ async def test_sysv_objects_die_with_their_execution() -> None:
     assert all(handle >= 0 for handle in result.return_value)
     assert key not in host_sysv_keys()
     assert result.grades["identity"] == ("enforced" if os.geteuid() == 0 else "unavailable")
+
+
+async def test_a_namespace_not_seen_empty_is_graded_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Teardown's own verdict counts: a pid namespace the host could not see empty in time
+    (forced here by giving it no time at all to look) makes the process-tree guarantee
+    unverified for that execution rather than enforced. The process level asks only that the
+    guarantee not be unavailable, so the output still stands; nothing is left afterwards."""
+    from psych_sandbox_core.backends import subprocess as subprocess_backend
+
+    mark = marker()
+    program = f"print({split(mark)})\nreturn 7"
+    async with Sandbox(config()) as sandbox:
+        seen = await sandbox.run(program, profile=PROFILE)
+        monkeypatch.setattr(subprocess_backend, "NAMESPACE_TEARDOWN_SECONDS", 0.0)
+        unseen = await sandbox.run(program, profile=PROFILE)
+    assert seen.grades["process_tree"] == "enforced", seen.grades
+    assert unseen.grades["process_tree"] == "unverified", unseen.grades
+    assert unseen.level == "process" and unseen.error is None
+    assert unseen.return_value == 7
+    assert await wait_for_pids(mark, present=False) == []

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from psych_sandbox_core import ErrorKind, Level, Sandbox, cgroups
+from psych_sandbox_core import ErrorKind, Level, Sandbox, cgroups, leftovers
 from psych_sandbox_core.errors import DEPLOYMENT_KINDS
 
 from .conftest import (
@@ -388,7 +388,7 @@ anyio.run(main)
 """
 
 
-async def test_everything_dies_with_a_host_killed_outright() -> None:
+async def test_everything_dies_with_a_host_killed_outright(tmp_path: Path) -> None:
     # No channel traffic and no wall clock can save this one: only the sandbox being tied to
     # the host's life (parent-death signal, pid namespace) ends the program.
     mark = marker()
@@ -402,7 +402,13 @@ async def test_everything_dies_with_a_host_killed_outright() -> None:
         subprocess.Popen(argv, start_new_session=True).wait()
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "TMPDIR": str(temp),
+    }
     host = subprocess.Popen(
         [sys.executable, "-c", DYING_HOST, program], env=env, stdout=subprocess.DEVNULL
     )
@@ -415,6 +421,24 @@ async def test_everything_dies_with_a_host_killed_outright() -> None:
         assert await wait_for_pids(mark, present=False) == []
     finally:
         kill_all(mark)
+    # What only files are left of: the killed host's workspace and canary directories, named
+    # for it. The next host to make one in the same temporary directory removes them.
+    left = sorted(p.name for p in temp.iterdir())
+    assert {name.split("-")[1] for name in left} == {"ws", "canary"}, left
+    dead_tag = left[0].split("-")[2]
+    assert dead_tag.startswith(f"{host.pid}."), left
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("not the sandbox's")
+    (temp / f"psych-ws-{dead_tag}-planted").symlink_to(outside)
+    alive = temp / f"psych-ws-{leftovers.owner_tag()}-alive"
+    alive.mkdir()
+    subprocess.run(
+        [sys.executable, "-c", DYING_HOST, "print(1)"], env=env, check=True, timeout=60,
+        stdout=subprocess.DEVNULL,
+    )
+    assert sorted(p.name for p in temp.iterdir()) == [alive.name]
+    assert (outside / "keep").read_text() == "not the sandbox's"
 
 
 def test_the_bootstrap_reaches_the_child_precompiled() -> None:

@@ -302,8 +302,9 @@ class _Launched(Launched):
     async def finish(self) -> ExitStatus:
         await _kill(self.process, self._namespace)
         status = await self.process.kill_and_reap()
+        ended: bool | None = None
         if self._namespace is not None:
-            await self._namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS)
+            ended = await self._namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS)
         # wait4's rusage stops at what was reaped: a program that ignores SIGCHLD hides its
         # children's usage from it. Only the cgroup counts everything; without one, usage is
         # not measured rather than reported low.
@@ -315,7 +316,7 @@ class _Launched(Launched):
                 empty = await self.cgroup.drain()
             if empty:
                 cpu, peak = self.cgroup.usage()
-        return replace(status, cpu_seconds=cpu, peak_memory_bytes=peak)
+        return replace(status, cpu_seconds=cpu, peak_memory_bytes=peak, tree_ended=ended)
 
 
 async def _kill(process: ManagedProcess, namespace: PidNamespace | None) -> None:
