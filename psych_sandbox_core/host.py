@@ -37,7 +37,6 @@ from .channel import INLINE_DECODE_BYTES, FrameChannel
 from .errors import ErrorKind, ProtocolViolation
 from .grading import Grade, Guarantee, Level, grade, level_at_least, level_of
 from .host_work import HostWork
-from .leftovers import CANARY_PREFIX, make_directory
 from .output import StreamCapture
 from .process import ExitStatus
 from .protocol import (
@@ -55,6 +54,7 @@ from .protocol.codec import decode_value_json
 from .protocol.framing import FrameCeilings
 from .protocol.limits import MAX_SOURCE_BYTES
 from .result import BackendIdentity, ExecutionFailure, ExecutionResult, Usage
+from .temp_dirs import CANARY_PREFIX, make_directory
 from .terms import ExecutionLimits
 
 #: How long a child may take to connect and report before the host gives up on it. Start-up

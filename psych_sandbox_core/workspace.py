@@ -14,7 +14,7 @@ import os
 import secrets
 import stat
 
-from .leftovers import WORKSPACE_PREFIX, make_directory
+from .temp_dirs import WORKSPACE_PREFIX, make_directory
 
 #: How many directory descriptors one removal holds open at once. A program can nest
 #: directories far deeper than any fd limit; below this depth a subtree is moved up to the

@@ -276,6 +276,21 @@ def test_nonfinite_numbers_are_refused_anywhere_in_a_frame() -> None:
         decode_child_frame(bad)
 
 
+@pytest.mark.parametrize("padding", [0, 1, 2, 65_000, 65_480, 65_485, 131_000])
+def test_an_infinite_literal_is_refused_wherever_it_sits_in_a_long_frame(padding: int) -> None:
+    # The host looks for float literals a slice of the line at a time; one split across two
+    # slices (a digit ending one, its exponent starting the next) is found all the same.
+    head = b'{"type":"call","id":0,"name":"a","arguments":{"p":"' + b"x" * padding + b'","x":'
+    for literal in (b"1e999", b"-9E400", b"1" + b"0" * 400 + b".5"):
+        for shift in range(len(literal)):
+            line = head + b" " * shift + literal + b"}}"
+            with pytest.raises(ProtocolViolation, match="non-finite"):
+                decode_child_frame(line)
+    # A long frame whose strings hold digit-and-mark pairs but no float is accepted.
+    fine = head + b'"1e5 and 2.5 in text"}}'
+    assert isinstance(decode_child_frame(fine), CallFrame)
+
+
 def test_codec_refuses_an_oversized_line_before_parsing() -> None:
     line = b'{"type":"call","id":0,"name":"a","arguments":{"x":"' + b"a" * MAX_CHILD_FRAME_BYTES
     with pytest.raises(ProtocolViolation, match="ceiling"):

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from psych_sandbox_core import ErrorKind, Level, Sandbox, cgroups, leftovers
+from psych_sandbox_core import ErrorKind, Level, Sandbox, cgroups, temp_dirs
 from psych_sandbox_core.errors import DEPLOYMENT_KINDS
 
 from .conftest import (
@@ -431,7 +431,7 @@ async def test_everything_dies_with_a_host_killed_outright(tmp_path: Path) -> No
     outside.mkdir()
     (outside / "keep").write_text("not the sandbox's")
     (temp / f"psych-ws-{dead_tag}-planted").symlink_to(outside)
-    alive = temp / f"psych-ws-{leftovers.owner_tag()}-alive"
+    alive = temp / f"psych-ws-{temp_dirs.owner_tag()}-alive"
     alive.mkdir()
     subprocess.run(
         [sys.executable, "-c", DYING_HOST, "print(1)"], env=env, check=True, timeout=60,

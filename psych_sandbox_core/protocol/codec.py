@@ -6,7 +6,6 @@ import base64
 import binascii
 import gc
 import math
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -117,15 +116,24 @@ def collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-#: A number with a fraction or an exponent (the only literals that can parse as infinite),
-#: where a value may start: after "[", "," or ":" (a key or a string starts with a quote).
-_FLOAT_LITERAL = re.compile(rb"[\[,:][ \t\r]*-?[0-9]+[.eE]")
+#: Digits as "0", the marks only a float literal has right after a digit (".", "e", "E") as
+#: "e", everything else as " ": every float literal shows as "0e" in a line translated so.
+_FLOAT_MARKS = bytes(48 if c in b"0123456789" else 101 if c in b".eE" else 32 for c in range(256))
+#: A line is translated a slice at a time: one call over a long line would hold the
+#: interpreter lock throughout, and every other execution's clock waits on it.
+_FLOAT_SCAN_BYTES = 64 * 1024
 
 
 def _may_hold_a_float(line: bytes) -> bool:
     # Integers parse exactly however long they are; only a literal with a fraction or an
-    # exponent can become infinite. Most frames have none, and skip the walk.
-    return _FLOAT_LITERAL.search(line) is not None
+    # exponent can become infinite. Most frames have none, and skip the walk. A digit before
+    # such a mark inside a string also counts: that costs a walk, never a miss.
+    for start in range(0, len(line), _FLOAT_SCAN_BYTES):
+        # One byte of overlap: a digit that ends one slice and a mark that starts the next.
+        piece = line[max(0, start - 1) : start + _FLOAT_SCAN_BYTES]
+        if b"0e" in piece.translate(_FLOAT_MARKS):
+            return True
+    return False
 
 
 def _refuse_non_finite(value: Any) -> None:
