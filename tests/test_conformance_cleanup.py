@@ -93,7 +93,10 @@ UID = DEFAULT_FIRST_UID + DEFAULT_COUNT - 1
 
 SPAWNER = '''
 import os, sys
-requests, replies, uid, mark = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+requests, replies, uid = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+# From the environment: the spawner's own command line carries only its own mark, so the
+# host's search for the leaked process never finds the spawner on its way out.
+mark = os.environ["LEAKY_MARK"]
 while os.read(requests, 1):
     if os.fork() == 0:
         os.setgroups([])
@@ -118,7 +121,7 @@ def _start_spawner():
             os.set_inheritable(replies_w, True)
             os.execv(sys.executable, [
                 sys.executable, "-c", SPAWNER, str(requests_r), str(replies_w), str(UID),
-                os.environ["LEAKY_MARK"], os.environ["LEAKY_SPAWNER_MARK"],
+                os.environ["LEAKY_SPAWNER_MARK"],
             ])
         os._exit(0)
     os.waitpid(child, 0)
