@@ -123,26 +123,30 @@ PREFIX = "psych-sandbox: configuration error: "
     ids=["backend", "option", "limit", "profile-key", "top-level-key", "level", "preference"],
 )
 def test_run_doctor_and_profiles_refuse_the_same_configuration_with_the_same_message(
-    tmp_path: Path, text: str, hint: str
+    tmp_path: Path, text: str, hint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # In this process, through the CLI's own entry point: what doctor learns by trial runs is
+    # remembered across the cases, as it is for one long-lived process.
     config = tmp_path / "deploy.toml"
     config.write_text(text)
     program = tmp_path / "program.py"
     program.write_text("print('ran')\n")
-    run = _cli("run", "--config", str(config), "--profile", "subprocess", str(program))
-    assert run.returncode == 2, run
-    assert run.stdout == ""
-    (line,) = run.stderr.splitlines()
+    capsys.readouterr()
+    assert main(["run", "--config", str(config), "--profile", "subprocess", str(program)]) == 2
+    run = capsys.readouterr()
+    assert run.out == ""
+    (line,) = run.err.splitlines()
     assert line.startswith(PREFIX) and hint in line, line
     message = line[len(PREFIX) :]
     for command in (["doctor"], ["profiles"], ["profiles", "--json"]):
-        shown = _cli(*command, "--config", str(config))
-        assert shown.returncode == 2, (command, shown)
-        if shown.stdout.startswith("{"):
+        code = main([*command, "--config", str(config)])
+        shown = capsys.readouterr()
+        assert code == 2, (command, shown)
+        if shown.out.startswith("{"):
             # Found at load (the file itself is wrong): said exactly as run says it.
-            assert message in json.loads(shown.stdout)["errors"], (command, shown.stdout)
+            assert message in json.loads(shown.out)["errors"], (command, shown.out)
         else:
-            assert message in shown.stdout + shown.stderr, (command, shown)
+            assert message in shown.out + shown.err, (command, shown)
 
 
 def test_doctor_leads_with_whether_untrusted_code_is_safe_here() -> None:
