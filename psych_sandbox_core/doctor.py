@@ -3,7 +3,7 @@
 Behind ``psych-sandbox doctor`` and ``psych-sandbox profiles``. Whether a backend works is
 found by running a trivial program on it (a trial), never by looking for a binary; its level
 and grades are the ones that trial earned. Configuration is checked by the same functions
-``run`` uses (config.py, and ``default``'s selection in sandbox.py), so both commands report,
+``run`` uses (config.py, and ``default``'s selection in trials.py), so both commands report,
 with the same message, everything ``run`` would refuse.
 """
 
@@ -18,8 +18,8 @@ from .libraries import format_libraries, list_libraries
 from .narrowing import strictest_level
 from .profiles import DEFAULT_PROFILE, DeploymentConfig, ProfileConfig
 from .registry import BackendRegistry
-from .sandbox import availability, select_default
 from .selection import Selection
+from .trials import availability, select_default
 
 EXIT_OK = 0
 #: Some profile (or every backend) cannot run here.

@@ -5,7 +5,7 @@ first (isolated before process before none); within a level, the ids the deploym
 in ``backend_preference``, then the project's own backends in :data:`FIRST_PARTY` order, then
 every other backend by id. Installing a third-party backend therefore never changes what
 ``default`` runs unless it is stronger, or the deployment says so. The first candidate whose
-trial execution works is the one chosen (see sandbox.py).
+trial execution works is the one chosen (see trials.py).
 """
 
 from __future__ import annotations
