@@ -13,7 +13,7 @@ from typing import Any
 
 from .config import config_problems, create_backend
 from .errors import ConfigurationError
-from .grading import Guarantee, Level, level_at_least
+from .grading import Grade, Guarantee, Level, level_at_least
 from .libraries import format_libraries, list_libraries
 from .narrowing import strictest_level
 from .profiles import DEFAULT_PROFILE, DeploymentConfig, ProfileConfig
@@ -195,7 +195,8 @@ def _verdict(
         return {"safe": False, "backend": backend_id, "level": level, "message": message}
     note = None
     if selection is not None and default.get("selected"):
-        note = selection.note(Level(level), found.grades)
+        grades = {Guarantee(g): Grade(value) for g, value in found.grades.items()}
+        note = selection.note(Level(level), grades)
     if note is not None:
         detail = note.message
     else:

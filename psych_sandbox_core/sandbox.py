@@ -10,13 +10,7 @@ import uuid
 import anyio
 from anyio.abc import TaskGroup
 
-from .attachments import (
-    DEFAULT_RUNS_IN_MEMORY,
-    DEFAULT_WINDOW_BYTES,
-    AttachmentLedger,
-    OutputContext,
-    Window,
-)
+from .attachments import DEFAULT_RUNS_IN_MEMORY, DEFAULT_WINDOW_BYTES, AttachmentLedger, Window
 from .backend import Backend
 from .bindings import BindingProvider, CallServer, ExecutionScope
 from .blobstore import BlobStore
@@ -28,7 +22,7 @@ from .errors import (
     UnknownBackendError,
     UnknownProfileError,
 )
-from .grading import Level, level_at_least
+from .grading import level_at_least
 from .host import ExecutionPlan, execute
 from .narrowing import (
     BackendCapability,
@@ -41,6 +35,7 @@ from .narrowing import (
 from .paging import DEFAULT_SEARCH_DEADLINE_SECONDS, SearchSettings
 from .pattern_search import SearchResult
 from .pool import WarmPool
+from .preservation import OutputContext
 from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
@@ -260,9 +255,7 @@ class Sandbox:
         if selection is None or not selection.remembered or self._selection_cache is None:
             return False
         not_ready = result.error is not None and result.error.kind is ErrorKind.BACKEND_NOT_READY
-        weaker = bool(result.grades) and not level_at_least(
-            Level(result.level), selection.chosen.claims
-        )
+        weaker = bool(result.grades) and not level_at_least(result.level, selection.chosen.claims)
         if not (not_ready or weaker):
             return False
         self._selection_cache.forget()
@@ -421,7 +414,7 @@ def _with_notes(result: ExecutionResult, selection: Selection | None) -> Executi
         return result
     if result.error is not None and result.error.kind in _NOT_RUN:
         return result
-    note = selection.note(Level(result.level), result.grades)
+    note = selection.note(result.level, result.grades)
     if note is None:
         return result
     return result.model_copy(update={"notes": [*result.notes, note]})

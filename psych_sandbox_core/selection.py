@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .grading import ISOLATED_ENFORCED, Guarantee, Level, level_at_least
+from .grading import ISOLATED_ENFORCED, Grade, Guarantee, Level, level_at_least
 from .registry import KNOWN_DISTRIBUTIONS, BackendRegistry
 from .result import ExecutionNote
 
@@ -135,7 +135,7 @@ class Selection:
             f"({self.chosen.claims.value}); {self.fix()}"
         )
 
-    def note(self, level: Level, grades: Mapping[str, str]) -> ExecutionNote | None:
+    def note(self, level: Level, grades: Mapping[Guarantee, Grade]) -> ExecutionNote | None:
         """The note for an execution ``default`` ran on this selection at ``level``: None
         at the isolated level."""
         if level is Level.ISOLATED:
@@ -146,9 +146,9 @@ class Selection:
             guarantee.value
             for guarantee in Guarantee
             if (
-                grades.get(guarantee.value) != "enforced"
+                grades.get(guarantee) is not Grade.ENFORCED
                 if guarantee in ISOLATED_ENFORCED
-                else grades.get(guarantee.value, "unavailable") == "unavailable"
+                else grades.get(guarantee, Grade.UNAVAILABLE) is Grade.UNAVAILABLE
             )
         ]
         exposed = (

@@ -117,13 +117,14 @@ async def availability(
             result = await execute(backend, plan)
             if result.error is not None:
                 reason = f"{result.error.kind.value}: {result.error.message}"
-            elif not level_at_least(Level(result.level), registered.cls.claims):
-                reason = f"reached only the {result.level} level"
+            elif not level_at_least(result.level, registered.cls.claims):
+                reason = f"reached only the {result.level.value} level"
+    grades = {} if result is None else result.grades
     outcome = Availability(
         available=reason is None,
         reason=reason,
-        level=None if result is None or not result.grades else Level(result.level),
-        grades=dict(result.grades) if result is not None else {},
+        level=None if result is None or not grades else result.level,
+        grades={guarantee.value: grade.value for guarantee, grade in grades.items()},
     )
     # What a quick check refused (an image not built yet, an engine not started) can change
     # under a running process, and asking again costs nothing; only a trial that ran is kept.

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,11 +26,11 @@ from psych_sandbox_core.backends.subprocess import SubprocessBackend
 from psych_sandbox_core.bindings import FunctionBindings
 from psych_sandbox_core.blobstore import FilesystemBlobStore
 from psych_sandbox_core.budgets import BindingBudgets
-from psych_sandbox_core.grading import Level, Mechanisms
+from psych_sandbox_core.grading import Grade, Guarantee, Level, Mechanisms
 from psych_sandbox_core.hookspecs import hookimpl
 from psych_sandbox_core.narrowing import ExecutionRequest
 from psych_sandbox_core.registry import BackendRegistry
-from psych_sandbox_core.result import ExecutionResult
+from psych_sandbox_core.result import CallRecord, ExecutionResult
 
 pytestmark = pytest.mark.anyio
 
@@ -196,5 +198,53 @@ return {"total": total, "big": type(big).__name__, "missing": missing}
             result = await sandbox.run(source, profile="pin", bindings=tools, run_id="pinned")
     assert result.error is None, result.error
     assert result.attachments and result.artifacts and result.skipped_artifacts
-    assert [call["outcome"] for call in result.calls] == ["ok", "ok", "unknown_tool"]
+    assert [call.outcome for call in result.calls] == ["ok", "ok", "unknown_tool"]
     _check("attachments_and_calls", result)
+
+
+async def test_a_result_is_typed_for_its_readers() -> None:
+    tools = FunctionBindings({"add": lambda a, b: a + b})
+    async with Sandbox(_profiles()) as sandbox:
+        result = await sandbox.run("return await add(a=1, b=2)", profile="pin", bindings=tools)
+    assert result.error is None, result.error
+    assert isinstance(result.level, Level)
+    # Printed as the JSON form spells it, as the plain string it used to be.
+    assert str(result.level) == f"{result.level}" == result.to_json_object()["level"]
+    assert result.grades and all(
+        isinstance(guarantee, Guarantee) and isinstance(grade, Grade)
+        for guarantee, grade in result.grades.items()
+    )
+    assert list(result.grades) == [g for g in Guarantee if g in result.grades]
+    (call,) = result.calls
+    assert isinstance(call, CallRecord) and (call.name, call.outcome) == ("add", "ok")
+    assert call.stored_bytes is None and "stored_bytes" not in call.model_dump(mode="json")
+
+
+def _core_modules_imported_by(module: str) -> set[str]:
+    code = (
+        f"import sys, {module}\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith('psych_sandbox_core.')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(done.stdout.split())
+
+
+def test_the_result_models_depend_on_no_ledger_collection_or_rendering() -> None:
+    """The models are what every reader imports: they import none of the modules that
+    build, store or show a result (so no cycle can run through them)."""
+    builders = {
+        "psych_sandbox_core.attachments",
+        "psych_sandbox_core.artifacts",
+        "psych_sandbox_core.artifact_walk",
+        "psych_sandbox_core.artifact_channel",
+        "psych_sandbox_core.artifact_export",
+        "psych_sandbox_core.preservation",
+        "psych_sandbox_core.cli_render",
+        "psych_sandbox_core.host",
+    }
+    assert _core_modules_imported_by("psych_sandbox_core.result") & builders == set()
+    # The ledger stores attachments; it neither builds a result nor shows one.
+    ledger = _core_modules_imported_by("psych_sandbox_core.attachments")
+    assert ledger & (builders - {"psych_sandbox_core.attachments"}) == set()
