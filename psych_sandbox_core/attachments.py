@@ -4,7 +4,8 @@ Each stream, the returned value and each collected artifact becomes a named atta
 its own handle. Small ones are kept inline with the run's record, larger ones in the blob
 store, and without a blob store only a preview is kept, unless the caller required
 preservation, in which case the execution fails with ``artifacts_unavailable`` rather than
-losing bytes quietly.
+losing bytes quietly (preservation.py decides what each execution keeps; this module is the
+ledger that keeps it).
 
 A handle is ``att:<slot>:<token>``: the slot names the execution within its run, the token is
 random. A handle resolves only against the record of the run (and tenant) that minted it, and
