@@ -27,7 +27,7 @@ import anyio
 
 from psych_sandbox_core import DeploymentConfig, ProfileConfig, Sandbox
 from psych_sandbox_core.registry import BackendRegistry
-from psych_sandbox_core.sandbox import trial
+from psych_sandbox_core.trials import trial
 
 PROGRAM = "print(2+2)"
 

@@ -4,7 +4,8 @@ Each stream, the returned value and each collected artifact becomes a named atta
 its own handle. Small ones are kept inline with the run's record, larger ones in the blob
 store, and without a blob store only a preview is kept, unless the caller required
 preservation, in which case the execution fails with ``artifacts_unavailable`` rather than
-losing bytes quietly.
+losing bytes quietly (preservation.py decides what each execution keeps; this module is the
+ledger that keeps it).
 
 A handle is ``att:<slot>:<token>``: the slot names the execution within its run, the token is
 random. A handle resolves only against the record of the run (and tenant) that minted it, and
@@ -28,31 +29,16 @@ import itertools
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .artifacts import (
-    COLLECTION_FAILURES,
-    MAX_SKIPPED_LISTED,
-    ChannelCollector,
-    Collection,
-    CollectionLimits,
-    SkippedEntry,
-    channel_request,
-    collect,
-    collection_failure,
-    sniff_content_type,
-)
 from .blobstore import BlobAddress, BlobNotFound, BlobStore
-from .budgets import ExecutionMeter
+from .content_type import sniff_content_type
 from .errors import SandboxError
-from .output import OutputPolicy, Preview, StreamCapture, make_preview
+from .output import OutputPolicy, StreamCapture
 from .pattern_search import SearchResult, search_bytes
-from .visible import visible
-
-if TYPE_CHECKING:
-    from .result import ExecutionFailure, ExecutionResult, StreamOutput
+from .result import Attachment, AttachmentKind, Storage
 
 #: Largest window one read returns; a reader pages through anything larger.
 MAX_WINDOW_BYTES = 1024 * 1024
@@ -62,44 +48,9 @@ DEFAULT_WINDOW_BYTES = 16 * 1024
 #: Runs whose records a ledger keeps in memory when they are also in the blob store.
 DEFAULT_RUNS_IN_MEMORY = 256
 
-Storage = Literal["inline", "blob", "preview_only"]
-AttachmentKind = Literal["stream", "return_value", "artifact"]
-
 
 class AttachmentDenied(SandboxError, LookupError):
     """This handle does not resolve for this run and tenant (or never existed)."""
-
-
-class Attachment(BaseModel):
-    """One durable output of an execution, as the result describes it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    handle: str
-    #: "stdout", "stderr", "return_value", or "artifacts/<path>".
-    name: str
-    kind: AttachmentKind
-    #: Bytes the attachment stands for.
-    size_bytes: int
-    sha256: str
-    content_type: str
-    #: Where the bytes are kept; "preview_only" means a reader gets the preview alone.
-    stored: Storage
-    #: False when the bytes kept are fewer than the program produced (a stream past its
-    #: capture cap, or a preview-only attachment).
-    complete: bool
-
-
-class ArtifactInfo(BaseModel):
-    """A file the program left in its workspace, collected and checked."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: str
-    size_bytes: int
-    sha256: str
-    content_type: str
-    attachment: str
 
 
 @dataclass(frozen=True)
@@ -183,8 +134,10 @@ class AttachmentLedger:
     def __init__(
         self, blob_store: BlobStore | None = None, *, runs_in_memory: int = DEFAULT_RUNS_IN_MEMORY
     ) -> None:
-        if isinstance(runs_in_memory, bool) or not isinstance(runs_in_memory, int) or (
-            runs_in_memory < 1
+        if (
+            isinstance(runs_in_memory, bool)
+            or not isinstance(runs_in_memory, int)
+            or (runs_in_memory < 1)
         ):
             raise ValueError("runs_in_memory must be a positive integer")
         self.blob_store = blob_store
@@ -258,21 +211,22 @@ class AttachmentLedger:
         try:
             raw = await self.blob_store.read(_record_address(tenant, run_id, handle))
             durable = _DurableRecord.model_validate_json(raw)
-            inline = None if durable.inline is None else base64.b64decode(
-                durable.inline, validate=True
+            inline = (
+                None if durable.inline is None else base64.b64decode(durable.inline, validate=True)
             )
         except (BlobNotFound, OSError, ValidationError, ValueError):
             return None  # absent, unreadable or damaged: denied like a handle never minted
         if (durable.tenant, durable.run_id, durable.slot, durable.attachment.handle) != (
-            tenant, run_id, slot, handle
+            tenant,
+            run_id,
+            slot,
+            handle,
         ):
             return None
         address = None if inline is not None else _bytes_address(tenant, run_id, handle)
         return _Record(durable.slot, durable.attachment, inline, address, durable=True)
 
-    async def _resolve(
-        self, handle: object, tenant: str, run_id: str, slot: str | None
-    ) -> _Record:
+    async def _resolve(self, handle: object, tenant: str, run_id: str, slot: str | None) -> _Record:
         denied = AttachmentDenied(f"no attachment {handle!r} in this run")
         if not isinstance(handle, str) or len(handle) > 200:
             raise denied
@@ -339,8 +293,12 @@ class AttachmentLedger:
         offset = 0
         while True:
             window = await self.read(
-                handle, tenant=tenant, run_id=run_id, offset=offset,
-                length=MAX_WINDOW_BYTES, slot=slot,
+                handle,
+                tenant=tenant,
+                run_id=run_id,
+                offset=offset,
+                length=MAX_WINDOW_BYTES,
+                slot=slot,
             )
             chunks.append(window.data)
             offset += len(window.data)
@@ -424,319 +382,3 @@ class AttachmentLedger:
         record.durable = await self._persist(tenant, run_id, record)
         self._record(tenant, run_id, record)
         return attachment, preserved
-
-
-@dataclass
-class OutputContext:
-    """Where one execution's outputs are recorded: its run, tenant, slot and policy."""
-
-    policy: OutputPolicy
-    ledger: AttachmentLedger | None
-    tenant: str
-    run_id: str
-    slot: str = ""
-
-    def __post_init__(self) -> None:
-        if self.ledger is not None and not self.slot:
-            self.slot = self.ledger.new_slot(self.tenant, self.run_id)
-
-
-@dataclass
-class Preserved:
-    """What :func:`preserve` hands back to the host for the result."""
-
-    stdout: Preview
-    stderr: Preview
-    stdout_info: StreamOutput
-    stderr_info: StreamOutput
-    attachments: list[Attachment] = field(default_factory=list)
-    artifacts: list[ArtifactInfo] = field(default_factory=list)
-    skipped: list[SkippedEntry] = field(default_factory=list)
-    skipped_unlisted: int = 0
-    #: Set when preservation was required and could not be done.
-    unavailable: str | None = None
-
-
-def _limits(policy: OutputPolicy) -> CollectionLimits:
-    return CollectionLimits(
-        per_file_bytes=policy.artifact_bytes,
-        total_bytes=policy.artifacts_total_bytes,
-        max_files=policy.max_artifacts,
-    )
-
-
-def collect_artifacts(context: OutputContext | None, workspace: str | None) -> Collection | None:
-    """Collect the workspace's artifacts under the context's policy (blocking: run in a
-    worker thread). None when no artifacts were asked for; a collection naming why when the
-    workspace cannot be reached (no path and nothing sent over the channel)."""
-    if context is None or not context.policy.collect_artifacts:
-        return None
-    policy = context.policy
-    if workspace is None:
-        return collection_failure(policy.artifacts_folder, "unreachable")
-    return collect(workspace, _limits(policy), folder=policy.artifacts_folder)
-
-
-def artifact_collector(
-    context: OutputContext | None, workspace: str | None
-) -> ChannelCollector | Collection | None:
-    """For a backend that cannot hand its workspace to the host: a collector for the files
-    the child sends over the channel (or, for a folder no request can name, the collection
-    saying so). None when the host collects itself or no artifacts were asked for."""
-    if context is None or workspace is not None or not context.policy.collect_artifacts:
-        return None
-    policy = context.policy
-    request = channel_request(policy.artifacts_folder, _limits(policy))
-    if request is None:
-        result = Collection()
-        result.skip(str(policy.artifacts_folder)[:200], "unsafe_name")
-        return result
-    return ChannelCollector(request)
-
-
-def collection_problem(skipped: list[SkippedEntry]) -> str | None:
-    """Why nothing (or not everything) could be collected, when the collection says so."""
-    for entry in skipped:
-        # unreachable and interrupted are the host's own words; unreadable and changed speak
-        # for the whole collection only when they name the workspace itself.
-        if entry.reason in ("unreachable", "interrupted") or (
-            entry.path == "." and entry.reason in COLLECTION_FAILURES
-        ):
-            return COLLECTION_FAILURES[entry.reason]
-    return None
-
-
-def export_note(written: int, directory: str, result: ExecutionResult) -> str:
-    """What the CLI says after ``--artifacts``: never a bare "wrote 0"."""
-    from .errors import ErrorKind
-
-    if written:
-        return f"wrote {written} artifact(s) to {directory}"
-    error = result.error
-    if error is not None and error.kind in (
-        ErrorKind.ISOLATION_UNAVAILABLE, ErrorKind.NETWORK_NOT_ALLOWED
-    ):
-        return f"no artifacts written to {directory}: the output was withheld ({error.kind.value})"
-    problem = collection_problem(result.skipped_artifacts)
-    if problem is not None:
-        return f"no artifacts could be collected: {problem}"
-    count = len(result.skipped_artifacts) + result.skipped_artifacts_unlisted
-    if count:
-        return (
-            f"no artifacts written to {directory}: all {count} entries found were skipped "
-            "(listed above)"
-        )
-    return f"no artifacts written to {directory}: the program left no files to collect"
-
-
-def stream_info(
-    capture: StreamCapture, preview: Preview, attachment: str | None = None
-) -> StreamOutput:
-    from .result import StreamOutput  # result.py imports this module's models
-
-    return StreamOutput(
-        total_bytes=capture.total_bytes,
-        captured_bytes=capture.captured_bytes,
-        dropped_bytes=capture.dropped_bytes,
-        total_lines=capture.total_lines,
-        shown_bytes=preview.shown_bytes,
-        omitted_bytes=preview.omitted_bytes,
-        omitted_lines=preview.omitted_lines,
-        after_end_bytes=capture.after_end_bytes,
-        attachment=attachment,
-    )
-
-
-_EMPTY_PREVIEW = Preview("", 0, 0, 0)
-
-
-async def preserve(
-    context: OutputContext | None,
-    *,
-    stdout: StreamCapture,
-    stderr: StreamCapture,
-    value_json: str | None,
-    collection: Collection | None,
-    withheld: bool,
-    meter: ExecutionMeter | None = None,
-) -> Preserved:
-    """Previews for the model and durable attachments for everything else.
-
-    With ``meter``, every attachment is paid for from the execution's byte budget before it
-    is stored: a stream or return value it cannot pay for keeps only its preview, an artifact
-    is skipped (reason ``budget_exhausted``)."""
-    if withheld:
-        empty = stream_info(StreamCapture(0), _EMPTY_PREVIEW)
-        return Preserved(_EMPTY_PREVIEW, _EMPTY_PREVIEW, empty, empty)
-    policy = context.policy if context is not None else OutputPolicy()
-    previews = [make_preview(capture, policy.preview_bytes) for capture in (stdout, stderr)]
-    if context is None or context.ledger is None:
-        return Preserved(
-            previews[0],
-            previews[1],
-            stream_info(stdout, previews[0]),
-            stream_info(stderr, previews[1]),
-        )
-    ledger = context.ledger
-    attachments: list[Attachment] = []
-    lost: list[str] = []
-    over_budget: list[str] = []
-
-    def admit(name: str, data: bytes) -> bool:
-        if meter is None or meter.admit_stored(len(data), f"attachment {name}") is None:
-            return True
-        over_budget.append(name)
-        return False
-
-    async def keep(
-        name: str, kind: AttachmentKind, data: bytes, complete: bool, ctype: str | None = None
-    ) -> Attachment:
-        admitted = admit(name, data)
-        attachment, preserved = await ledger.keep(
-            tenant=context.tenant,
-            run_id=context.run_id,
-            slot=context.slot,
-            name=name,
-            kind=kind,
-            data=data,
-            policy=policy,
-            complete=complete,
-            content_type=ctype,
-            admitted=admitted,
-        )
-        attachments.append(attachment)
-        if not preserved and admitted:
-            lost.append(name)
-        return attachment
-
-    infos = []
-    for name, capture, preview in (
-        ("stdout", stdout, previews[0]),
-        ("stderr", stderr, previews[1]),
-    ):
-        attachment = await keep(name, "stream", capture.data, not capture.truncated)
-        infos.append(stream_info(capture, preview, attachment.handle))
-    if value_json is not None:
-        await keep("return_value", "return_value", value_json.encode(), True, "application/json")
-    artifacts: list[ArtifactInfo] = []
-    skipped = list(collection.skipped) if collection is not None else []
-    unlisted = collection.skipped_unlisted if collection is not None else 0
-    if collection is not None:
-        for item in collection.files:
-            if not admit(f"artifacts/{item.path}", item.data):
-                if len(skipped) < MAX_SKIPPED_LISTED:
-                    skipped.append(SkippedEntry(path=item.path, reason="budget_exhausted"))
-                else:
-                    unlisted += 1
-                continue
-            attachment = await keep(
-                f"artifacts/{item.path}", "artifact", item.data, True, item.content_type
-            )
-            artifacts.append(
-                ArtifactInfo(
-                    path=item.path,
-                    size_bytes=len(item.data),
-                    sha256=item.sha256,
-                    content_type=item.content_type,
-                    attachment=attachment.handle,
-                )
-            )
-    unavailable = None
-    if lost and policy.require_preservation:
-        unavailable = (
-            "preservation was required but no blob store could keep "
-            + _listed(lost)
-            + f" (larger than the {policy.inline_bytes}-byte inline limit)"
-        )
-    elif over_budget and policy.require_preservation:
-        unavailable = (
-            "preservation was required but storing "
-            + _listed(over_budget)
-            + " would have taken the execution past its byte budget "
-            "(total_bytes_per_execution)"
-        )
-    return Preserved(
-        previews[0],
-        previews[1],
-        infos[0],
-        infos[1],
-        attachments=attachments,
-        artifacts=artifacts,
-        skipped=skipped,
-        skipped_unlisted=unlisted,
-        unavailable=unavailable,
-    )
-
-
-def _listed(names: list[str]) -> str:
-    return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
-
-
-def unavailable_failure(message: str, failure: ExecutionFailure | None) -> ExecutionFailure:
-    """The artifacts_unavailable failure, keeping what the program's own failure said."""
-    from .errors import ErrorKind
-    from .result import ExecutionFailure
-
-    if failure is not None:
-        message += f"; the program had also failed ({failure.kind.value}: {failure.message})"
-        return ExecutionFailure.of(
-            ErrorKind.ARTIFACTS_UNAVAILABLE,
-            message,
-            traceback=failure.traceback,
-            line=failure.line,
-            column=failure.column,
-            exception_type=failure.exception_type,
-        )
-    return ExecutionFailure.of(ErrorKind.ARTIFACTS_UNAVAILABLE, message)
-
-
-async def export_artifacts(
-    ledger: AttachmentLedger,
-    *,
-    tenant: str,
-    run_id: str,
-    artifacts: list[ArtifactInfo],
-    directory: str,
-) -> tuple[list[str], list[str]]:
-    """Write a result's artifacts under ``directory`` (see artifacts.write_artifacts).
-
-    Returns the paths written and those not written because only a preview was kept.
-    """
-    from .artifacts import write_artifacts
-
-    files: list[tuple[str, bytes]] = []
-    partial: list[str] = []
-    for artifact in artifacts:
-        if not (await ledger.describe(artifact.attachment, tenant=tenant, run_id=run_id)).complete:
-            partial.append(artifact.path)
-            continue
-        data = await ledger.read_all(artifact.attachment, tenant=tenant, run_id=run_id)
-        files.append((artifact.path, data))
-    return write_artifacts(directory, files), partial
-
-
-def summary_lines(
-    attachments: list[Attachment], artifacts: list[ArtifactInfo], skipped: list[SkippedEntry],
-    skipped_unlisted: int = 0,
-) -> list[str]:
-    """Lines listing attachments and artifacts, for a person reading the CLI's output (names
-    and paths are the program's: shown through visible)."""
-    lines: list[str] = []
-    for attachment in attachments:
-        if attachment.size_bytes == 0:
-            continue  # an empty stream has nothing to read back
-        where = {"inline": "inline", "blob": "stored", "preview_only": "preview only"}
-        lines.append(
-            f"attachment {visible(attachment.name)}: {attachment.size_bytes} bytes, "
-            f"{attachment.content_type}, {where[attachment.stored]} ({attachment.handle})"
-        )
-    for artifact in artifacts:
-        lines.append(
-            f"artifact {visible(artifact.path)}: {artifact.size_bytes} bytes, "
-            f"{artifact.content_type}, sha256 {artifact.sha256[:16]}…"
-        )
-    for entry in skipped:
-        lines.append(f"skipped {visible(entry.path)}: {visible(entry.reason)}")
-    if skipped_unlisted:
-        lines.append(f"skipped {skipped_unlisted} more entries")
-    return lines

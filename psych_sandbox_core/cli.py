@@ -154,9 +154,10 @@ def _command_run(args: argparse.Namespace) -> int:
 
     import anyio
 
-    from .artifacts import ArtifactExportError
+    from .artifact_export import ArtifactExportError
     from .bindings import load_function_tools
     from .blobstore import FilesystemBlobStore
+    from .cli_render import print_notes, print_summary, result_as_json
     from .sandbox import Sandbox
     from .selection_cache import SelectionCache
     from .visible import visible
@@ -244,7 +245,8 @@ def _command_run(args: argparse.Namespace) -> int:
 
 
 async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory: str) -> None:
-    from .attachments import export_artifacts, export_note
+    from .artifact_export import export_artifacts
+    from .cli_render import export_note
     from .visible import SUMMARY_MARK, visible
 
     written, partial = await export_artifacts(
@@ -262,82 +264,6 @@ async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory:
     # Marked like the report: the program's stderr is printed on the same stream.
     note = export_note(len(written), directory, result)
     print(f"{SUMMARY_MARK} psych-sandbox: {note}", file=sys.stderr)
-
-
-def result_as_json(result: ExecutionResult) -> dict[str, Any]:
-    return result.to_json_object()
-
-
-def print_notes(result: ExecutionResult) -> None:
-    """Each note on stderr, one line each, in either output mode: a run below the isolated
-    level that nothing asked for must not go unsaid (``--json`` also carries it)."""
-    from .visible import SUMMARY_MARK, visible
-
-    for note in result.notes:
-        sys.stderr.write(f"{SUMMARY_MARK} warning: {visible(note.message)}\n")
-    sys.stderr.flush()
-
-
-def print_summary(
-    result: ExecutionResult, *, artifacts: bool = False, explain: bool = False
-) -> None:
-    """The result for a person: the program's streams as blocks under a gutter (stdout here,
-    stderr on stderr), then the report, each of its lines after the summary mark: what it
-    returned or how it failed, the files written with ``--artifacts``, the guidance for a
-    model only with ``--explain``, and the level line last. Attachment handles are not
-    shown: the CLI's store ends with it, so only ``--json`` records them."""
-    import json
-
-    from .attachments import collection_problem, summary_lines
-    from .visible import SUMMARY_MARK, visible
-
-    out = sys.stdout
-
-    def say(line: str) -> None:
-        out.write(f"{SUMMARY_MARK} {line}\n")
-
-    if result.stdout:
-        out.write(visible(result.stdout, block=True) + "\n")
-        out.flush()  # before stderr, so the two keep their order on one terminal
-    if result.stderr:
-        sys.stderr.write(visible(result.stderr, block=True) + "\n")
-        sys.stderr.flush()
-    info = result.stdout_info
-    if info.dropped_bytes:
-        say(f"stdout: {info.dropped_bytes} bytes past the capture cap were dropped")
-    if result.error is None:
-        say(f"returned: {visible(json.dumps(result.return_value))}")
-    else:
-        error = result.error
-        say(f"failed: {error.kind.value}: {visible(error.message)}")
-        if error.traceback:
-            out.write(visible(error.traceback, block=True) + "\n")
-        if explain:
-            say(f"guidance: {error.guidance}")
-    if artifacts:
-        # Written to the --artifacts folder, so they outlive the command. A collection that
-        # failed as a whole (a timeout interrupted it) is said once, by the export note.
-        whole_failure = collection_problem(result.skipped_artifacts) is not None
-        for line in summary_lines(
-            [],
-            result.artifacts,
-            [] if whole_failure else result.skipped_artifacts,
-            0 if whole_failure else result.skipped_artifacts_unlisted,
-        ):
-            say(line)
-    elif result.artifacts:
-        say(f"{len(result.artifacts)} file(s) left in the workspace; --artifacts DIR keeps them")
-    usage = result.usage
-    cpu = "not measured" if usage.cpu_seconds is None else f"{usage.cpu_seconds:.3f} s"
-    memory = (
-        "not measured"
-        if usage.peak_memory_bytes is None
-        else f"{usage.peak_memory_bytes / 1048576:.1f} MiB"
-    )
-    say(
-        f"profile {result.profile} · backend {result.backend.id} · level {result.level} · "
-        f"wall {usage.wall_seconds:.3f} s · cpu {cpu} · peak memory {memory}"
-    )
 
 
 def _command_doctor(args: argparse.Namespace) -> int:

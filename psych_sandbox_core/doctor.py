@@ -3,7 +3,7 @@
 Behind ``psych-sandbox doctor`` and ``psych-sandbox profiles``. Whether a backend works is
 found by running a trivial program on it (a trial), never by looking for a binary; its level
 and grades are the ones that trial earned. Configuration is checked by the same functions
-``run`` uses (config.py, and ``default``'s selection in sandbox.py), so both commands report,
+``run`` uses (config.py, and ``default``'s selection in trials.py), so both commands report,
 with the same message, everything ``run`` would refuse.
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 
 from .config import config_problems, create_backend
 from .errors import ConfigurationError
-from .grading import Guarantee, Level, level_at_least
+from .grading import Grade, Guarantee, Level, level_at_least
 from .libraries import format_libraries, list_libraries
 from .narrowing import strictest_level
 from .profiles import DEFAULT_PROFILE, DeploymentConfig, ProfileConfig
 from .registry import BackendRegistry
-from .sandbox import availability, select_default
 from .selection import Selection
+from .trials import availability, select_default
 
 EXIT_OK = 0
 #: Some profile (or every backend) cannot run here.
@@ -195,7 +195,8 @@ def _verdict(
         return {"safe": False, "backend": backend_id, "level": level, "message": message}
     note = None
     if selection is not None and default.get("selected"):
-        note = selection.note(Level(level), found.grades)
+        grades = {Guarantee(g): Grade(value) for g, value in found.grades.items()}
+        note = selection.note(Level(level), grades)
     if note is not None:
         detail = note.message
     else:

@@ -15,7 +15,18 @@ from pydantic import BaseModel, ConfigDict
 from .protocol.frames import ContainmentReport
 
 
-class Guarantee(str, enum.Enum):
+class _Named(str, enum.Enum):
+    """Shown as its value (as ``enum.StrEnum`` is, which 3.10 lacks): results carry these,
+    and a reader printing ``result.level`` sees ``isolated``, as in the JSON."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Guarantee(_Named):
     FILESYSTEM = "filesystem"
     NETWORK = "network"
     PROCESS_TREE = "process_tree"
@@ -28,7 +39,7 @@ class Guarantee(str, enum.Enum):
     ENVIRONMENT = "environment"
 
 
-class Grade(str, enum.Enum):
+class Grade(_Named):
     #: A mechanism whose boundary was applied and whose evidence agrees.
     ENFORCED = "enforced"
     #: Requested and not contradicted: a weaker claim, on purpose.
@@ -48,7 +59,7 @@ def at_least(grade: Grade, floor: Grade) -> bool:
     return _GRADE_ORDER[grade] >= _GRADE_ORDER[floor]
 
 
-class Level(str, enum.Enum):
+class Level(_Named):
     ISOLATED = "isolated"
     PROCESS = "process"
     NONE = "none"

@@ -2,6 +2,8 @@
 
 Plugins are discovered from the ``psych_sandbox`` entry-point group; the entry point's name
 is the backend id it provides. Hooks only register classes: all I/O is async on the backend.
+Each plugin's hook is called once, with a registrar of its own: what it adds is attributed to
+the distribution the plugin came from (registry.py).
 """
 
 from __future__ import annotations

@@ -22,14 +22,8 @@ from typing import Any
 import anyio
 from anyio.abc import ByteReceiveStream, Listener, SocketStream
 
-from .artifacts import ChannelCollector, Collection, collection_failure
-from .attachments import (
-    OutputContext,
-    artifact_collector,
-    collect_artifacts,
-    preserve,
-    unavailable_failure,
-)
+from .artifact_channel import ChannelCollector
+from .artifacts import Collection, collection_failure
 from .backend import Backend, BackendUnavailable, Launched, LaunchRequest, ProbeTargets
 from .bindings import BindingProvider, CallServer, ToolSpec
 from .budgets import ExecutionMeter
@@ -38,6 +32,13 @@ from .errors import ErrorKind, ProtocolViolation
 from .grading import Grade, Guarantee, Level, grade, level_at_least, level_of
 from .host_work import HostWork
 from .output import StreamCapture
+from .preservation import (
+    OutputContext,
+    artifact_collector,
+    collect_artifacts,
+    preserve,
+    unavailable_failure,
+)
 from .process import ExitStatus
 from .protocol import (
     PROTOCOL_VERSION,
@@ -53,7 +54,7 @@ from .protocol import (
 from .protocol.codec import decode_value_json
 from .protocol.framing import FrameCeilings
 from .protocol.limits import MAX_SOURCE_BYTES
-from .result import BackendIdentity, ExecutionFailure, ExecutionResult, Usage
+from .result import BackendIdentity, CallRecord, ExecutionFailure, ExecutionResult, Usage
 from .temp_dirs import CANARY_PREFIX, make_directory
 from .terms import ExecutionLimits
 
@@ -101,7 +102,7 @@ class ExecutionPlan:
     cancel: anyio.Event | None = None
     #: A refusal decided before launch (narrowing): the child is answered with abort.
     refusal: ExecutionFailure | None = None
-    #: Previews, attachments and artifacts (see attachments.py); None gives previews only.
+    #: Previews, attachments and artifacts (see preservation.py); None gives previews only.
     output: OutputContext | None = None
 
 
@@ -387,8 +388,8 @@ async def _build_result(
         skipped_artifacts_unlisted=kept.skipped_unlisted,
         return_value=value,
         error=failure,
-        level=level_of(state.grades).value,
-        grades={g.value: state.grades[g].value for g in Guarantee if g in state.grades},
+        level=level_of(state.grades),
+        grades={g: state.grades[g] for g in Guarantee if g in state.grades},
         usage=Usage(
             wall_seconds=round(wall, 6),
             cpu_seconds=cpu,
@@ -398,7 +399,7 @@ async def _build_result(
         ),
         profile=plan.profile,
         backend=plan.backend_identity,
-        calls=state.calls,
+        calls=[CallRecord.model_validate(call) for call in state.calls],
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
 from dataclasses import dataclass
 
 import importlib_metadata
@@ -32,68 +33,104 @@ class RegisteredBackend:
     version: str | None
 
 
-class BackendRegistry:
-    """Backends registered through the hook, each with the distribution that served it."""
+@dataclass(frozen=True)
+class _Registrar:
+    """What one plugin's hook implementation is handed: every backend it adds is attributed
+    to the distribution that plugin came from, fixed before the hook is called."""
 
-    def __init__(self) -> None:
-        self._backends: dict[str, RegisteredBackend] = {}
-        self._manager = pluggy.PluginManager(hookspecs.PROJECT)
-        self._manager.add_hookspecs(hookspecs)
-        self._loaded: set[str] = set()
-        self._serving: tuple[str | None, str | None] = (None, None)
-        self._everything_loaded = False
-        self._entry_points: list[importlib_metadata.EntryPoint] | None = None
+    registry: BackendRegistry
+    distribution: str | None
+    version: str | None
 
-    # The registrar interface plugins see.
     def add(self, backend: type[Backend]) -> None:
         if not (isinstance(backend, type) and issubclass(backend, Backend)):
             raise ConfigurationError(f"{backend!r} is not a psych_sandbox_core Backend subclass")
         backend_id = getattr(backend, "id", None)
         if not isinstance(backend_id, str) or not backend_id.isidentifier():
             raise ConfigurationError(f"backend {backend!r} has no valid 'id'")
-        self._backends[backend_id] = RegisteredBackend(backend, *self._serving)
+        self.registry._backends[backend_id] = RegisteredBackend(
+            backend, self.distribution, self.version
+        )
+
+
+class BackendRegistry:
+    """Backends registered through the hook, each with the distribution that served it.
+
+    pluggy's manager does the work: it loads the entry-point group (only the entry point
+    named for a backend when one is asked for), records which distribution each plugin came
+    from (``list_plugin_distinfo``), and calls the hook.
+    """
+
+    def __init__(self) -> None:
+        self._backends: dict[str, RegisteredBackend] = {}
+        self._manager = pluggy.PluginManager(hookspecs.PROJECT)
+        self._manager.add_hookspecs(hookspecs)
+        #: Plugins whose hook has been called: each registers its backends once.
+        self._asked: set[str] = set()
+        #: Distributions named for plugins registered by hand (pluggy records only those it
+        #: loaded from entry points).
+        self._by_hand: dict[str, tuple[str | None, str | None]] = {}
+        self._everything_loaded = False
+        self._entry_points: list[importlib_metadata.EntryPoint] | None = None
 
     def register_plugin(
         self, plugin: object, name: str, distribution: str | None = None, version: str | None = None
     ) -> None:
         """Register an in-process plugin object (tests, embedders) as if from an entry point."""
-        if self._manager.is_registered(plugin) or name in self._loaded:
+        if self._manager.is_registered(plugin) or self._manager.has_plugin(name):
             return
         self._manager.register(plugin, name=name)
-        self._manager.check_pending()
-        self._loaded.add(name)
-        self._serving = (distribution, version)
-        try:
-            for impl in self._manager.hook.psych_sandbox_register_backends.get_hookimpls():
-                if impl.plugin is plugin:
-                    impl.function(registry=self)
-        finally:
-            self._serving = (None, None)
+        self._by_hand[name] = (distribution, version)
+        self._ask_new_plugins()
 
     def load(self, backend_id: str | None = None) -> None:
         """Load entry points: only the one named ``backend_id``, or all of them."""
-        if self._everything_loaded or (backend_id is not None and backend_id in self._loaded):
+        if self._everything_loaded or (
+            backend_id is not None and self._manager.has_plugin(backend_id)
+        ):
             return
-        for entry_point in self.entry_points():
-            if backend_id is not None and entry_point.name != backend_id:
-                continue
-            if entry_point.name in self._loaded:
-                continue
-            try:
-                plugin = entry_point.load()
-            except Exception as exc:
-                raise ConfigurationError(
-                    f"the psych_sandbox plugin {entry_point.name!r} failed to load: {exc}"
-                ) from exc
-            dist = entry_point.dist
-            self.register_plugin(
-                plugin,
-                entry_point.name,
-                dist.metadata["Name"] if dist is not None else None,
-                dist.version if dist is not None else None,
-            )
+        try:
+            self._manager.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=backend_id)
+        except Exception as exc:
+            failed = backend_id if backend_id is not None else self._first_unloaded()
+            raise ConfigurationError(
+                f"the psych_sandbox plugin {failed!r} failed to load: {exc}"
+            ) from exc
+        finally:
+            # Whatever loaded before a failure registers its backends all the same.
+            self._ask_new_plugins()
         if backend_id is None:
             self._everything_loaded = True
+
+    def _first_unloaded(self) -> str | None:
+        """The entry point pluggy was loading when it failed: the first, in the order it
+        reads them, that it did not register."""
+        for dist in importlib.metadata.distributions():
+            for entry_point in dist.entry_points:
+                if entry_point.group == ENTRY_POINT_GROUP and not (
+                    self._manager.has_plugin(entry_point.name)
+                    or self._manager.is_blocked(entry_point.name)
+                ):
+                    return entry_point.name
+        return None
+
+    def _ask_new_plugins(self) -> None:
+        """Call the hook of every plugin registered since the last call, each with a
+        registrar bound to the distribution pluggy (or the caller) recorded for it."""
+        self._manager.check_pending()
+        loaded = {
+            id(plugin): (dist.project_name, dist.version)
+            for plugin, dist in self._manager.list_plugin_distinfo()
+        }
+        for name, plugin in self._manager.list_name_plugin():
+            if name in self._asked or plugin is None:
+                continue
+            self._asked.add(name)
+            distribution, version = loaded.get(id(plugin)) or self._by_hand.get(name, (None, None))
+            others = [other for other in self._manager.get_plugins() if other is not plugin]
+            # Through pluggy's own caller, narrowed to this plugin: what it adds is its own.
+            call = self._manager.subset_hook_caller("psych_sandbox_register_backends", others)
+            call(registry=_Registrar(self, distribution, version))
 
     def entry_points(self) -> list[importlib_metadata.EntryPoint]:
         """The ``psych_sandbox`` entry points installed here, none of them loaded. Read once

@@ -1,14 +1,18 @@
-"""What an execution hands back: output, return value, usage, grades and a typed failure."""
+"""What an execution hands back: output, return value, usage, grades and a typed failure.
+
+The models only, typed for their readers (a level is a :class:`Level`, grades are keyed by
+:class:`Guarantee` and valued by :class:`Grade`). Their JSON form (``to_json_object``) is a
+wire format, pinned by tests/test_result_json.py: plain strings, in the order given here.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from .artifacts import SkippedEntry
-from .attachments import ArtifactInfo, Attachment
 from .errors import GUIDANCE, ErrorKind
+from .grading import Grade, Guarantee, Level
 
 
 class ExecutionFailure(BaseModel):
@@ -98,6 +102,83 @@ class ExecutionNote(BaseModel):
     fix: str | None = None
 
 
+Storage = Literal["inline", "blob", "preview_only"]
+AttachmentKind = Literal["stream", "return_value", "artifact"]
+
+
+class Attachment(BaseModel):
+    """One durable output of an execution, as the result describes it (see attachments.py)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    handle: str
+    #: "stdout", "stderr", "return_value", or "artifacts/<path>".
+    name: str
+    kind: AttachmentKind
+    #: Bytes the attachment stands for.
+    size_bytes: int
+    sha256: str
+    content_type: str
+    #: Where the bytes are kept; "preview_only" means a reader gets the preview alone.
+    stored: Storage
+    #: False when the bytes kept are fewer than the program produced (a stream past its
+    #: capture cap, or a preview-only attachment).
+    complete: bool
+
+
+class ArtifactInfo(BaseModel):
+    """A file the program left in its workspace, collected and checked."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    size_bytes: int
+    sha256: str
+    content_type: str
+    attachment: str
+
+
+class SkippedEntry(BaseModel):
+    """Something in the workspace that was deliberately not collected, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    #: symlink, hard_link, fifo, socket, device, not_regular, too_large, total_cap,
+    #: too_many, too_deep, changed, vanished, outside, other_filesystem, unsafe_name,
+    #: unreadable, entry_limit, budget_exhausted (the execution's byte budget could not pay
+    #: for storing it); for the collection as a whole (path "." or the output
+    #: folder), also one of artifacts.COLLECTION_FAILURES.
+    reason: str
+
+
+class CallRecord(BaseModel):
+    """One binding call the program made, as the host answered it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: The tool's name as the program gave it.
+    name: str
+    #: "ok", or the kind of failure the program saw (bindings.CallErrorKind).
+    outcome: str
+    #: What the reply carried: the value, a handle to page it, or an error.
+    carries: Literal["value", "handle", "error"]
+    #: Size of the arguments as JSON.
+    argument_bytes: int
+    #: Size of the value handed over (0 for a handle or an error).
+    result_bytes: int
+    #: Size of a result stored for paging; absent unless the reply carried a handle.
+    stored_bytes: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # stored_bytes is left out, not null, when there is none (the pinned JSON form).
+        data: dict[str, Any] = handler(self)
+        if self.stored_bytes is None:
+            data.pop("stored_bytes", None)
+        return data
+
+
 class ExecutionResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -109,13 +190,13 @@ class ExecutionResult(BaseModel):
     return_value: Any = None
     error: ExecutionFailure | None
     #: The level the grades earn, and the grades themselves.
-    level: str
-    grades: dict[str, str] = Field(default_factory=dict)
+    level: Level
+    grades: dict[Guarantee, Grade] = Field(default_factory=dict)
     usage: Usage
     profile: str
     backend: BackendIdentity
     #: Binding calls the program made (name, outcome, bytes), in order.
-    calls: list[dict[str, Any]] = Field(default_factory=list)
+    calls: list[CallRecord] = Field(default_factory=list)
     #: The run and tenant whose record holds this execution's attachments.
     run_id: str | None = None
     tenant: str | None = None

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
 import uuid
-from collections.abc import Sequence
 
 import anyio
 from anyio.abc import TaskGroup
 
-from .attachments import (
-    DEFAULT_RUNS_IN_MEMORY,
-    DEFAULT_WINDOW_BYTES,
-    AttachmentLedger,
-    OutputContext,
-    Window,
-)
-from .backend import Availability, Backend
+from .attachments import DEFAULT_RUNS_IN_MEMORY, DEFAULT_WINDOW_BYTES, AttachmentLedger, Window
+from .backend import Backend
 from .bindings import BindingProvider, CallServer, ExecutionScope
 from .blobstore import BlobStore
 from .config import ConfigSource, check_config, create_backend, resolve_config
@@ -30,7 +22,7 @@ from .errors import (
     UnknownBackendError,
     UnknownProfileError,
 )
-from .grading import Level, level_at_least
+from .grading import level_at_least
 from .host import ExecutionPlan, execute
 from .narrowing import (
     BackendCapability,
@@ -43,14 +35,15 @@ from .narrowing import (
 from .paging import DEFAULT_SEARCH_DEADLINE_SECONDS, SearchSettings
 from .pattern_search import SearchResult
 from .pool import WarmPool
+from .preservation import OutputContext
 from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionResult
 from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
-from .selection import Candidate, Selection, default_order
+from .selection import Selection
 from .selection_cache import SelectionCache
 from .state import state_directory
-from .terms import ExecutionLimits
+from .trials import remembered_or_selected, select_default
 
 
 def default_run_log_path() -> str:
@@ -262,9 +255,7 @@ class Sandbox:
         if selection is None or not selection.remembered or self._selection_cache is None:
             return False
         not_ready = result.error is not None and result.error.kind is ErrorKind.BACKEND_NOT_READY
-        weaker = bool(result.grades) and not level_at_least(
-            Level(result.level), selection.chosen.claims
-        )
+        weaker = bool(result.grades) and not level_at_least(result.level, selection.chosen.claims)
         if not (not_ready or weaker):
             return False
         self._selection_cache.forget()
@@ -400,57 +391,20 @@ class Sandbox:
             return False
         return True
 
-    def _still_claims(self, candidate: Candidate) -> bool:
-        """Whether ``candidate`` is installed here and claims the level it was chosen at."""
-        try:
-            registered = self.registry.get(candidate.backend_id)
-        except ConfigurationError:
-            return False
-        return Level(registered.cls.claims) is candidate.claims
-
     async def strongest_working_backend(self) -> str:
         """The backend ``default`` runs on this host (see :meth:`default_selection`)."""
         return (await self.default_selection()).chosen.backend_id
 
     async def default_selection(self) -> Selection:
-        """What ``default`` runs on this host (see :func:`select_default`), or what a
+        """What ``default`` runs on this host (see trials.select_default), or what a
         selection cache remembers it ran on recently."""
         preference = self.config.backend_preference
         cache = self._selection_cache
         if cache is None:
             return await select_default(self.registry, preference)
         if self._remembered is None:
-            remembered = cache.load(self.registry, preference)
-            if remembered is not None and not self._still_claims(remembered.chosen):
-                remembered = None
-            if remembered is None:
-                remembered = await select_default(self.registry, preference)
-                cache.store(self.registry, preference, remembered)
-            self._remembered = remembered
+            self._remembered = await remembered_or_selected(self.registry, preference, cache)
         return self._remembered
-
-
-async def select_default(registry: BackendRegistry, preference: Sequence[str] = ()) -> Selection:
-    """Run a trivial program on each installed backend in the default order (see
-    selection.py) and choose the first whose report reaches its claim. Remembered for the
-    process. Raises ConfigurationError when none works."""
-    order = tuple(default_order(registry, preference))
-    key = (tuple(registry.get(c.backend_id).cls for c in order), tuple(preference))
-    cached = _SELECTED.get(key)
-    if cached is not None:
-        return cached
-    skipped: list[tuple[Candidate, str]] = []
-    for candidate in order:
-        reason = await trial(registry, candidate.backend_id)
-        if reason is None:
-            selection = Selection(candidate, order, tuple(skipped))
-            _SELECTED[key] = selection
-            return selection
-        skipped.append((candidate, reason))
-    raise ConfigurationError(
-        "no installed backend works on this host: "
-        + "; ".join(f"{c.backend_id}: {reason}" for c, reason in skipped)
-    )
 
 
 def _with_notes(result: ExecutionResult, selection: Selection | None) -> ExecutionResult:
@@ -460,7 +414,7 @@ def _with_notes(result: ExecutionResult, selection: Selection | None) -> Executi
         return result
     if result.error is not None and result.error.kind in _NOT_RUN:
         return result
-    note = selection.note(Level(result.level), result.grades)
+    note = selection.note(result.level, result.grades)
     if note is None:
         return result
     return result.model_copy(update={"notes": [*result.notes, note]})
@@ -475,67 +429,3 @@ _NOT_RUN = frozenset(
         ErrorKind.POLICY_REFUSED,
     }
 )
-
-
-#: Keyed by backend classes, not by registry, so the answer is the process's: a trial runs a
-#: real execution and the host does not change under a running process.
-_SELECTED: dict[tuple[tuple[type[Backend], ...], tuple[str, ...]], Selection] = {}
-_TRIALS: dict[type[Backend] | tuple[type[Backend], str], Availability] = {}
-
-
-async def trial(registry: BackendRegistry, backend_id: str) -> str | None:
-    """Why ``backend_id`` does not work here (None when a trial execution reached its claim)."""
-    return (await availability(registry, backend_id)).reason
-
-
-async def availability(
-    registry: BackendRegistry, backend_id: str, options: dict[str, object] | None = None
-) -> Availability:
-    """Whether ``backend_id`` works here, found by running a trivial program on it with
-    default settings, or with ``options`` (a profile's); its level and grades are the
-    trial's. A trial that ran is remembered for the process."""
-    registered = registry.get(backend_id)
-    key: type[Backend] | tuple[type[Backend], str] = registered.cls
-    if options:
-        key = (registered.cls, json.dumps(options, sort_keys=True, default=str))
-    cached = _TRIALS.get(key)
-    if cached is not None:
-        return cached
-    result: ExecutionResult | None = None
-    reason: str | None
-    try:
-        backend = registry.create(backend_id, dict(options or {}))
-    except ConfigurationError as exc:
-        reason = str(exc)
-    else:
-        reason = backend.unavailable_reason()
-        if reason is None:
-            plan = ExecutionPlan(
-                source="None",
-                limits=ExecutionLimits(wall_seconds=60.0),
-                profile="<trial>",
-                backend_identity=BackendIdentity(
-                    id=backend_id,
-                    distribution=registered.distribution,
-                    version=registered.version,
-                ),
-                claimed_level=registered.cls.claims,
-            )
-            result = await execute(backend, plan)
-            if result.error is not None:
-                reason = f"{result.error.kind.value}: {result.error.message}"
-            elif not level_at_least(Level(result.level), registered.cls.claims):
-                reason = f"reached only the {result.level} level"
-    outcome = Availability(
-        available=reason is None,
-        reason=reason,
-        level=None if result is None or not result.grades else Level(result.level),
-        grades=dict(result.grades) if result is not None else {},
-    )
-    # What a quick check refused (an image not built yet, an engine not started) can change
-    # under a running process, and asking again costs nothing; only a trial that ran is kept.
-    if result is not None and (
-        result.error is None or result.error.kind is not ErrorKind.BACKEND_NOT_READY
-    ):
-        _TRIALS[key] = outcome
-    return outcome

@@ -5,7 +5,7 @@ first (isolated before process before none); within a level, the ids the deploym
 in ``backend_preference``, then the project's own backends in :data:`FIRST_PARTY` order, then
 every other backend by id. Installing a third-party backend therefore never changes what
 ``default`` runs unless it is stronger, or the deployment says so. The first candidate whose
-trial execution works is the one chosen (see sandbox.py).
+trial execution works is the one chosen (see trials.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .grading import ISOLATED_ENFORCED, Guarantee, Level, level_at_least
+from .grading import ISOLATED_ENFORCED, Grade, Guarantee, Level, level_at_least
 from .registry import KNOWN_DISTRIBUTIONS, BackendRegistry
 from .result import ExecutionNote
 
@@ -135,7 +135,7 @@ class Selection:
             f"({self.chosen.claims.value}); {self.fix()}"
         )
 
-    def note(self, level: Level, grades: Mapping[str, str]) -> ExecutionNote | None:
+    def note(self, level: Level, grades: Mapping[Guarantee, Grade]) -> ExecutionNote | None:
         """The note for an execution ``default`` ran on this selection at ``level``: None
         at the isolated level."""
         if level is Level.ISOLATED:
@@ -146,9 +146,9 @@ class Selection:
             guarantee.value
             for guarantee in Guarantee
             if (
-                grades.get(guarantee.value) != "enforced"
+                grades.get(guarantee) is not Grade.ENFORCED
                 if guarantee in ISOLATED_ENFORCED
-                else grades.get(guarantee.value, "unavailable") == "unavailable"
+                else grades.get(guarantee, Grade.UNAVAILABLE) is Grade.UNAVAILABLE
             )
         ]
         exposed = (

@@ -1,7 +1,7 @@
 """What ``default`` chose on this host, remembered across processes for a short while.
 
 Choosing runs a trial execution of each backend in the default order until one works (see
-sandbox.select_default): a whole execution before the program's own. A process that runs
+trials.select_default): a whole execution before the program's own. A process that runs
 many programs pays it once; the ``psych-sandbox`` command runs one program per process, so
 it remembers the choice in the user's state directory (state.py) for :data:`TTL_SECONDS`.
 

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from psych_sandbox_core.artifacts import CollectionLimits, collect, sniff_content_type
+from psych_sandbox_core.artifact_walk import collect
+from psych_sandbox_core.artifacts import CollectionLimits
+from psych_sandbox_core.content_type import sniff_content_type
 from psych_sandbox_core.workspace import remove_tree
 
 from .conftest import PROFILE, config
@@ -255,7 +257,7 @@ os.getcwd()
 
 
 def test_cli_writes_artifacts_without_following_links_or_overwriting(tmp_path: Path) -> None:
-    from psych_sandbox_core.artifacts import ArtifactExportError, write_artifacts
+    from psych_sandbox_core.artifact_export import ArtifactExportError, write_artifacts
     from psych_sandbox_core.cli import main
 
     program = tmp_path / "prog.py"

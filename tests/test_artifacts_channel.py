@@ -29,18 +29,15 @@ from psych_sandbox_core import (
     Sandbox,
     bootstrap,
 )
-from psych_sandbox_core.artifacts import ChannelCollector, SkippedEntry
-from psych_sandbox_core.attachments import (
-    OutputContext,
-    collect_artifacts,
-    collection_problem,
-    export_note,
-)
+from psych_sandbox_core.artifact_channel import ChannelCollector
+from psych_sandbox_core.artifacts import collection_problem
 from psych_sandbox_core.backend import Launched, LaunchRequest
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
+from psych_sandbox_core.cli_render import export_note
 from psych_sandbox_core.errors import ProtocolViolation
 from psych_sandbox_core.hookspecs import hookimpl
 from psych_sandbox_core.output import OutputPolicy
+from psych_sandbox_core.preservation import OutputContext, collect_artifacts
 from psych_sandbox_core.protocol import (
     ArtifactFrame,
     ArtifactRequest,
@@ -54,6 +51,7 @@ from psych_sandbox_core.protocol import (
 from psych_sandbox_core.protocol import limits as protocol_limits
 from psych_sandbox_core.protocol.limits import ARTIFACT_CHUNK_BYTES
 from psych_sandbox_core.registry import BackendRegistry
+from psych_sandbox_core.result import SkippedEntry
 from psych_sandbox_core.testing.programs import check_planted_artifacts
 
 from .conftest import FAST_LIMITS, open_fds

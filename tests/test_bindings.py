@@ -22,6 +22,7 @@ from psych_sandbox_core.bindings import (
 )
 from psych_sandbox_core.budgets import BindingBudgets
 from psych_sandbox_core.errors import ErrorKind
+from psych_sandbox_core.result import CallRecord
 from psych_sandbox_core.runlog import SQLiteRunLog
 
 pytestmark = pytest.mark.anyio
@@ -120,7 +121,7 @@ return out
     assert value["broken"][0] == "tool_error" and "boom" in value["broken"][1]
     assert value["odd_kind"][0] == "tool_error"
     assert value["not_offered"][0] == "unknown_tool"
-    assert [c["outcome"] for c in result.calls] == [
+    assert [c.outcome for c in result.calls] == [
         "unreachable", "tool_error", "tool_error", "unknown_tool"
     ]
 
@@ -198,7 +199,7 @@ return results
         str(n): [n * 100 + i for i in range(15)] for n in range(6)
     }
     # The host answers only exact successors: 90 answered calls means 90 consecutive ids.
-    assert len(result.calls) == 90 and all(c["outcome"] == "ok" for c in result.calls)
+    assert len(result.calls) == 90 and all(c.outcome == "ok" for c in result.calls)
 
 
 async def test_arguments_that_are_not_json_do_not_spend_an_id() -> None:
@@ -224,7 +225,7 @@ async def test_a_value_is_a_value_whatever_its_field_names() -> None:
     )
     assert result.error is None, result.error
     assert result.return_value == collision
-    assert result.calls[0]["carries"] == "value"
+    assert result.calls[0].carries == "value"
 
 
 # ------------------------------------------------------------------ hostile frames
@@ -351,8 +352,9 @@ async def test_cancelled_in_the_middle_of_a_binding_call() -> None:
     assert result.error is not None and result.error.kind is ErrorKind.CANCELLED
     assert not provider.finished
     assert result.calls == [
-        {"name": "block", "outcome": "cancelled", "carries": "error",
-         "argument_bytes": 2, "result_bytes": 0}
+        CallRecord(
+            name="block", outcome="cancelled", carries="error", argument_bytes=2, result_bytes=0
+        )
     ]
     entries = await log.entries("r")
     assert [e.outcome for e in entries] == ["cancelled"]

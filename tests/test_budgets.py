@@ -57,7 +57,7 @@ async def test_a_tight_loop_stops_at_the_call_budget() -> None:
     count, kind, message = result.return_value
     assert (count, kind) == (25, "budget_exhausted")
     assert "25" in message
-    assert [c["outcome"] for c in result.calls] == ["ok"] * 25 + ["budget_exhausted"]
+    assert [c.outcome for c in result.calls] == ["ok"] * 25 + ["budget_exhausted"]
 
 
 async def test_calling_on_long_after_the_budget_is_spent_ends_the_execution() -> None:
@@ -339,4 +339,4 @@ except ToolError as exc:
     assert "8211 bytes as JSON, over the per-call budget of 8000" in message
     # The larger call never reached the host: refused by the child, no id spent.
     assert seen == [3900] and len(result.calls) == 1
-    assert result.calls[0]["argument_bytes"] == len('{"data":""}') + 2 * 3900
+    assert result.calls[0].argument_bytes == len('{"data":""}') + 2 * 3900

@@ -187,7 +187,7 @@ def test_json_output_is_the_exact_record(tmp_path: Path) -> None:
     assert data["stderr"] == "err \x1b[31m red\r\u25c6 failed: nothing\n"
     assert data["return_value"] == "\x7f\u202e\x1b[2J"
     assert [a["path"] for a in data["artifacts"]] == ["\u25c6 returned: 42.txt"]
-    # Names the collector refuses are recorded in its own ASCII form (see artifacts.py).
+    # Names the collector refuses are recorded in its own ASCII form (see artifact_walk.py).
     assert sorted(s["path"] for s in data["skipped_artifacts"]) == sorted(
         ["name\nwith newline", "esc\x1b[31m.txt", "bidi\\xe2\\x80\\xaetxt.exe"]
     )

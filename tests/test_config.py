@@ -129,7 +129,7 @@ def test_cli_config_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 @pytest.mark.anyio
 async def test_default_picks_the_strongest_backend_that_works_and_remembers() -> None:
-    from psych_sandbox_core import sandbox as sandbox_module
+    from psych_sandbox_core import trials as trials_module
     from psych_sandbox_core.grading import level_at_least
     from psych_sandbox_core.hookspecs import hookimpl
     from tests.test_withholding import MisreportingBackend
@@ -145,17 +145,17 @@ async def test_default_picks_the_strongest_backend_that_works_and_remembers() ->
     chosen = await _Sandbox(registry=registry).strongest_working_backend()
     # The misreporting backend claims isolated, but its trial is refused: never chosen.
     assert chosen != "misreporting"
-    assert (await sandbox_module.availability(registry, "misreporting")).available is False
-    found = await sandbox_module.availability(registry, chosen)
+    assert (await trials_module.availability(registry, "misreporting")).available is False
+    found = await trials_module.availability(registry, chosen)
     assert found.available and found.level is not None
     for other in registry.ids():
-        other_found = await sandbox_module.availability(registry, other)
+        other_found = await trials_module.availability(registry, other)
         if other_found.available and other_found.level is not None:
             assert level_at_least(found.level, other_found.level), other
-    trials = dict(sandbox_module._TRIALS)
+    trials = dict(trials_module._TRIALS)
     # Asked again in the same process, no new trial runs.
     assert await _Sandbox(registry=registry).strongest_working_backend() == chosen
-    assert trials == sandbox_module._TRIALS
+    assert trials == trials_module._TRIALS
 
 
 @pytest.mark.anyio
@@ -164,7 +164,7 @@ async def test_a_backend_not_ready_is_asked_again_once_it_is() -> None:
     the same process finds the backend once it is ready."""
     from typing import ClassVar
 
-    from psych_sandbox_core import sandbox as sandbox_module
+    from psych_sandbox_core import trials as trials_module
     from psych_sandbox_core.backends.subprocess import SubprocessBackend
     from psych_sandbox_core.hookspecs import hookimpl
 
@@ -183,10 +183,10 @@ async def test_a_backend_not_ready_is_asked_again_once_it_is() -> None:
 
     registry = BackendRegistry()
     registry.register_plugin(Plugin(), "late-backend")
-    first = await sandbox_module.availability(registry, "late")
+    first = await trials_module.availability(registry, "late")
     assert not first.available and first.reason == "not built yet"
     LateBackend.ready = True
-    second = await sandbox_module.availability(registry, "late")
+    second = await trials_module.availability(registry, "late")
     assert second.available, second.reason
     # A trial that ran is remembered.
-    assert await sandbox_module.availability(registry, "late") is second
+    assert await trials_module.availability(registry, "late") is second

@@ -97,7 +97,7 @@ async def test_arguments_no_frame_can_carry_fail_in_the_program_without_spending
     assert result.error is None, result.error
     assert result.return_value == ["TypeError", "TypeError", "budget_exhausted", 1]
     # Only the last call reached the host.
-    assert [call["name"] for call in result.calls] == ["echo"]
+    assert [call.name for call in result.calls] == ["echo"]
 
 
 async def test_a_tool_named_like_a_builtin_does_not_hide_it() -> None:

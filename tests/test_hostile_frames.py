@@ -256,7 +256,7 @@ async def test_the_heaviest_frames_within_the_limits_are_answered() -> None:
     hostile, honest, growth = await beside_honest(source)
     assert hostile.error is None, hostile.error
     assert hostile.return_value == len(hostile.calls) >= 6
-    assert {call["outcome"] for call in hostile.calls} == {"unknown_tool"}
+    assert {call.outcome for call in hostile.calls} == {"unknown_tool"}
     assert_contained(honest, growth)
 
 

@@ -65,7 +65,7 @@ return [type(rows).__name__, refusals, rows.to_json(), await small()]
     assert set(descriptor) == {"id", "tool", "bytes"}
     assert str(tmp_path) not in json.dumps(result.return_value)
     assert small == {"carries": "handle"}
-    assert [c["carries"] for c in result.calls] == ["handle", "value"]
+    assert [c.carries for c in result.calls] == ["handle", "value"]
 
 
 async def test_windows_reassemble_the_whole_result(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ return json.loads(text)
         )
     assert result.error is None, result.error
     assert result.return_value == ROWS
-    assert all(c["outcome"] == "ok" for c in result.calls)
+    assert all(c.outcome == "ok" for c in result.calls)
 
 
 async def test_a_pattern_search_finds_matches_with_offsets(tmp_path: Path) -> None:

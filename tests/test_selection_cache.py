@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from psych_sandbox_core import sandbox as sandbox_module
+from psych_sandbox_core import trials as trials_module
 from psych_sandbox_core.backend import Backend, BackendUnavailable, Launched, LaunchRequest
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
 from psych_sandbox_core.errors import ErrorKind
@@ -44,15 +44,15 @@ def trials(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Every trial execution this process runs from now on, by backend id; nothing
     remembered in-process, so each choice not read from a file is made by trials."""
     seen: list[str] = []
-    real = sandbox_module.trial
+    real = trials_module.trial
 
     async def counted(registry: BackendRegistry, backend_id: str) -> str | None:
         seen.append(backend_id)
         return await real(registry, backend_id)
 
-    monkeypatch.setattr(sandbox_module, "trial", counted)
-    monkeypatch.setattr(sandbox_module, "_SELECTED", {})
-    monkeypatch.setattr(sandbox_module, "_TRIALS", {})
+    monkeypatch.setattr(trials_module, "trial", counted)
+    monkeypatch.setattr(trials_module, "_SELECTED", {})
+    monkeypatch.setattr(trials_module, "_TRIALS", {})
     yield seen
 
 

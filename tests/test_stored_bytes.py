@@ -86,7 +86,7 @@ async def test_paging_until_the_budget_is_spent_is_refused_and_nothing_more_is_s
     assert "not stored" in message
     # Five whole results fit in 16 MiB; the sixth was refused rather than stored.
     assert count == 5
-    assert [c["outcome"] for c in result.calls] == ["ok"] * 5 + ["budget_exhausted"]
+    assert [c.outcome for c in result.calls] == ["ok"] * 5 + ["budget_exhausted"]
     assert stored_bytes(tmp_path) <= BUDGET
 
 

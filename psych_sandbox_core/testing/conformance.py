@@ -43,6 +43,7 @@ except ImportError as exc:  # pragma: no cover - only without the test extra
 
 from ..bindings import BindingProvider, FunctionBindings
 from ..errors import ErrorKind
+from ..grading import Guarantee
 from ..identity import LeasedIdentityOptions
 from ..profiles import DeploymentConfig, ProfileConfig
 from ..registry import BackendRegistry
@@ -289,7 +290,7 @@ class BackendConformance:
         assert result.backend.id == self.backend
         assert result.level == self.level
         for guarantee in sorted(self.enforced):
-            assert result.grades[guarantee] == "enforced", (guarantee, result.grades)
+            assert result.grades[Guarantee(guarantee)] == "enforced", (guarantee, result.grades)
 
     @pytest.mark.anyio
     async def test_exception_reports_the_program_lines(self) -> None:
@@ -542,14 +543,14 @@ class BackendConformance:
             directory.rmdir()
         assert result.error is None, result.error
         assert control
-        for guarantee in ("filesystem", "network"):
-            if guarantee in self.enforced:
+        for guarantee in (Guarantee.FILESYSTEM, Guarantee.NETWORK):
+            if guarantee.value in self.enforced:
                 assert result.grades[guarantee] == "enforced", (guarantee, result.grades)
-        if result.grades["filesystem"] == "enforced":
+        if result.grades[Guarantee.FILESYSTEM] == "enforced":
             # Seen from the host: nothing opened the canary's inode.
             assert opened == []
             assert secret not in result.stdout + json.dumps(result.return_value)
-        if result.grades["network"] == "enforced":
+        if result.grades[Guarantee.NETWORK] == "enforced":
             assert accepted == {"4": 1, "6": 0}
             assert "connected" not in result.return_value.values(), result.return_value
 

@@ -19,9 +19,9 @@ from psych_sandbox_core import (
     ProfileConfig,
     Sandbox,
 )
-from psych_sandbox_core.artifacts import SkippedEntry
 from psych_sandbox_core.cli import main
 from psych_sandbox_core.output import OutputPolicy
+from psych_sandbox_core.result import SkippedEntry
 from psych_sandbox_core.testing.programs import (
     PLANTED_ARTIFACTS,
     PLANTED_EXPECTED,

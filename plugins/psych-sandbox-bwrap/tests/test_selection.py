@@ -23,7 +23,7 @@ from bwrap_support import (
     skip_unless_required,
 )
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core import sandbox as sandbox_module
+from psych_sandbox_core import trials as trials_module
 from psych_sandbox_core.errors import ConfigurationError
 from psych_sandbox_core.registry import BackendRegistry
 from psych_sandbox_core.testing.as_user import (
@@ -41,8 +41,8 @@ TEST_USER = "psych-bwrap-test"
 @pytest.fixture
 def fresh_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     """Forget trials and selections remembered by earlier tests in this process."""
-    monkeypatch.setattr(sandbox_module, "_TRIALS", {})
-    monkeypatch.setattr(sandbox_module, "_SELECTED", {})
+    monkeypatch.setattr(trials_module, "_TRIALS", {})
+    monkeypatch.setattr(trials_module, "_SELECTED", {})
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ async def test_default_profile_skips_bwrap_whose_trial_fails(
 ) -> None:
     monkeypatch.setenv("PATH", f"{failing_bwrap.parent}:{os.environ['PATH']}")
     registry = BackendRegistry()
-    status = await sandbox_module.availability(registry, "bwrap")
+    status = await trials_module.availability(registry, "bwrap")
     assert status.available is False
     assert status.reason is not None
     assert "No permissions to create new namespace (simulated)" in status.reason

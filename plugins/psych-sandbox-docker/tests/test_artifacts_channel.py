@@ -15,8 +15,8 @@ from psych_sandbox_core import (
     ProfileConfig,
     Sandbox,
 )
-from psych_sandbox_core.artifacts import SkippedEntry
 from psych_sandbox_core.output import OutputPolicy
+from psych_sandbox_core.result import SkippedEntry
 from psych_sandbox_core.testing.programs import (
     PLANTED_ARTIFACTS,
     check_planted_artifacts,

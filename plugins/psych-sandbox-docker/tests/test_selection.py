@@ -9,7 +9,7 @@ import sys
 import pytest
 from docker_support import PROFILE, config, run
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core import sandbox as sandbox_module
+from psych_sandbox_core import trials as trials_module
 from psych_sandbox_core.errors import ConfigurationError
 from psych_sandbox_core.registry import BackendRegistry
 
@@ -53,7 +53,7 @@ def test_windows_host_refused_at_configuration(monkeypatch: pytest.MonkeyPatch) 
 async def test_absent_image_is_backend_not_ready_with_build_guidance(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sandbox_module, "_TRIALS", {})
+    monkeypatch.setattr(trials_module, "_TRIALS", {})
     before = subprocess.run(["docker", "images", "-q"], capture_output=True, text=True,
                             check=True).stdout
     result = await run("print('never')", options={"image": ABSENT})
@@ -75,7 +75,7 @@ async def test_absent_image_is_backend_not_ready_with_build_guidance(
 @pytest.mark.usefixtures("engine")
 async def test_gvisor_backend_runs_under_runsc() -> None:
     async with Sandbox(config()) as sandbox:
-        status = await sandbox_module.availability(sandbox.registry, "gvisor")
+        status = await trials_module.availability(sandbox.registry, "gvisor")
         assert status.available, status.reason
         assert status.level is not None and status.level.value == "isolated"
     # The kernel a gVisor program sees is gVisor's own.
