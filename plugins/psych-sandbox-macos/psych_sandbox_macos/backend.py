@@ -89,7 +89,9 @@ class MacosBackend(Backend):
         runner = "the program"
         if options.environment is not None:
             environment = resolve_environment(
-                options.environment, reachable_by_any_uid=False, runner=runner,
+                options.environment,
+                reachable_by_any_uid=False,
+                runner=runner,
                 bound_read_only=True,
             )
             self.interpreter = environment.executable
@@ -197,9 +199,18 @@ def interpreter_prefixes(interpreter: str) -> tuple[str, ...]:
     the profile keeps readable even under a denied subtree (a home, say)."""
     try:
         completed = subprocess.run(
-            [interpreter, "-I", "-S", "-c",
-             "import sys; print(sys.prefix); print(sys.base_prefix); print(sys.base_exec_prefix)"],
-            env={}, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=True,
+            [
+                interpreter,
+                "-I",
+                "-S",
+                "-c",
+                "import sys; print(sys.prefix); print(sys.base_prefix); print(sys.base_exec_prefix)",
+            ],
+            env={},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise ConfigurationError(

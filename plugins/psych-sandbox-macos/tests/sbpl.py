@@ -135,9 +135,7 @@ def _path_matches(kind: str, pattern: str, path: str) -> bool:
     return path == pattern or path.startswith(pattern.rstrip("/") + "/")
 
 
-def allowed(
-    text: str, parameters: dict[str, str], operation: str, path: str | None = None
-) -> bool:
+def allowed(text: str, parameters: dict[str, str], operation: str, path: str | None = None) -> bool:
     """Whether the profile allows ``operation`` (on ``path``): the last matching rule."""
     verdict: bool | None = None
     for rule in rules(text, parameters):
@@ -145,9 +143,10 @@ def allowed(
             continue
         if rule.paths is None:
             continue  # about processes, not paths: never grants a file or network operation
-        if rule.paths and (path is None or not any(
-            _path_matches(kind, pattern, path) for kind, pattern in rule.paths
-        )):
+        if rule.paths and (
+            path is None
+            or not any(_path_matches(kind, pattern, path) for kind, pattern in rule.paths)
+        ):
             continue
         verdict = rule.allow
     assert verdict is not None, "a profile must start from (deny default)"

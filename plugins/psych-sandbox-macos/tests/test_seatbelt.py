@@ -13,6 +13,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from psych_sandbox_core.errors import ConfigurationError
+from sbpl import allowed, rules
+
 from psych_sandbox_macos.seatbelt import (
     DENIED_READS,
     PROTECTED,
@@ -20,7 +22,6 @@ from psych_sandbox_macos.seatbelt import (
     SeatbeltPolicy,
     generate,
 )
-from sbpl import allowed, rules
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 #: Set to rewrite the golden files from the generator (then review the diff).
@@ -28,8 +29,14 @@ UPDATE = os.environ.get("PSYCH_SANDBOX_UPDATE_GOLDEN") == "1"
 
 #: Operations the profile must never allow, whatever the policy.
 NETWORK_OPERATIONS = ("network-outbound", "network-inbound", "network-bind", "network*")
-WRITE_OPERATIONS = ("file-write-data", "file-write-create", "file-write-unlink",
-                    "file-write-mode", "file-write-xattr", "file-write-flags")
+WRITE_OPERATIONS = (
+    "file-write-data",
+    "file-write-create",
+    "file-write-unlink",
+    "file-write-mode",
+    "file-write-xattr",
+    "file-write-flags",
+)
 
 GOLDEN_POLICIES = {
     # The backend's shape on a CI runner: workspace doubling as TMPDIR under the user's
@@ -92,10 +99,18 @@ def test_the_golden_profile_read_as_seatbelt_does() -> None:
     # The directories on the way to the workspace can be looked up, not listed.
     assert allowed(text, params, "file-read-metadata", "/private/var/folders/x1/abc/T")
     assert not allowed(text, params, "file-read-data", "/private/var/folders/x1/abc/T")
-    assert allowed(text, params, "file-read-data",
-                   "/Users/runner/hostedtoolcache/Python/3.12.7/x64/lib/python3.12/os.py")
-    assert not allowed(text, params, "file-write-data",
-                       "/Users/runner/hostedtoolcache/Python/3.12.7/x64/lib/python3.12/os.py")
+    assert allowed(
+        text,
+        params,
+        "file-read-data",
+        "/Users/runner/hostedtoolcache/Python/3.12.7/x64/lib/python3.12/os.py",
+    )
+    assert not allowed(
+        text,
+        params,
+        "file-write-data",
+        "/Users/runner/hostedtoolcache/Python/3.12.7/x64/lib/python3.12/os.py",
+    )
     assert allowed(text, params, "file-read-data", "/usr/lib/libSystem.B.dylib")
     assert allowed(text, params, "file-write-data", "/dev/null")
     assert not allowed(text, params, "file-write-data", "/dev/disk0")
@@ -109,11 +124,13 @@ def test_the_golden_profile_read_as_seatbelt_does() -> None:
 #: Path segments, including the characters that would break a profile if paths were spliced
 #: into its text (quotes, parentheses, semicolons, backslashes) and non-ASCII ones.
 SEGMENT = st.text(
-    alphabet=st.sampled_from(list("abcxyz019._- \"'()\\;#é∂") + ["\u202e"]),
+    alphabet=st.sampled_from([*"abcxyz019._- \"'()\\;#é∂", "\u202e"]),
     min_size=1,
     max_size=8,
 ).filter(lambda s: s not in (".", ".."))
-TOPS = st.sampled_from(["/private/var/folders", "/Users", "/opt", "/srv", "/srv/a", "/Volumes", "/tmp2"])
+TOPS = st.sampled_from(
+    ["/private/var/folders", "/Users", "/opt", "/srv", "/srv/a", "/Volumes", "/tmp2"]
+)
 
 
 @st.composite
@@ -127,27 +144,33 @@ def policies(draw: st.DrawFn) -> SeatbeltPolicy:
     workspace = draw(absolute_paths())
     temp = draw(st.one_of(st.just(workspace), absolute_paths()))
     read_roots = tuple(draw(st.lists(absolute_paths(), max_size=3)))
-    denied = draw(st.one_of(
-        st.just(DENIED_READS),
-        st.lists(st.sampled_from([*DENIED_READS, "/srv/secret", "/srv/a/keys"]), max_size=5)
-        .map(tuple),
-    ))
-    return SeatbeltPolicy(workspace=workspace, temp=temp, read_roots=read_roots,
-                          denied_reads=denied)
+    denied = draw(
+        st.one_of(
+            st.just(DENIED_READS),
+            st.lists(
+                st.sampled_from([*DENIED_READS, "/srv/secret", "/srv/a/keys"]), max_size=5
+            ).map(tuple),
+        )
+    )
+    return SeatbeltPolicy(
+        workspace=workspace, temp=temp, read_roots=read_roots, denied_reads=denied
+    )
 
 
 @st.composite
 def probe_paths(draw: st.DrawFn, policy: SeatbeltPolicy) -> str:
     """Paths near the policy's own: inside, beside (a shared prefix), above, or anywhere."""
     base = draw(st.sampled_from([policy.workspace, policy.temp, *policy.read_roots]))
-    return draw(st.one_of(
-        st.just(base),
-        st.builds(lambda s: base + "/" + s, SEGMENT),
-        st.builds(lambda s: base + s, SEGMENT),
-        st.just(os.path.dirname(base)),
-        absolute_paths(),
-        st.sampled_from([*PROTECTED, *DENIED_READS, "/", "/etc/passwd", "/dev/null"]),
-    ))
+    return draw(
+        st.one_of(
+            st.just(base),
+            st.builds(lambda s: base + "/" + s, SEGMENT),
+            st.builds(lambda s: base + s, SEGMENT),
+            st.just(os.path.dirname(base)),
+            absolute_paths(),
+            st.sampled_from([*PROTECTED, *DENIED_READS, "/", "/etc/passwd", "/dev/null"]),
+        )
+    )
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -172,8 +195,7 @@ def test_nothing_outside_the_workspace_and_temp_becomes_writable(
                 or (operation == "file-write-data" and path in WRITABLE_DEVICES)
             ), (operation, path)
     # And what must be writable is (a profile that allowed nothing would pass the above).
-    assert allowed(profile.text, profile.parameters, "file-write-create",
-                   policy.workspace + "/f")
+    assert allowed(profile.text, profile.parameters, "file-write-create", policy.workspace + "/f")
     assert allowed(profile.text, profile.parameters, "file-write-create", policy.temp + "/f")
 
 
@@ -212,9 +234,9 @@ def test_network_is_always_denied(policy: SeatbeltPolicy) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    path=st.lists(
-        st.sampled_from(list("/ab.\n\x00\x7f\t") + ["//", "/..", "./"]), max_size=12
-    ).map("".join)
+    path=st.lists(st.sampled_from([*"/ab.\n\x00\x7f\t", "//", "/..", "./"]), max_size=12).map(
+        "".join
+    )
 )
 @example(path="/")
 @example(path="relative/dir")

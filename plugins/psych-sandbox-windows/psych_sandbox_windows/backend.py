@@ -82,8 +82,8 @@ LOADER = (
     "_h=b''\n"
     "while not _h.endswith(b'\\n'):\n"
     "    _h+=_r(1)\n"
-    f"    if len(_h)>{len(str(MAX_BOOTSTRAP_BYTES)) + 1}: raise SystemExit('psych-sandbox: bad length')\n"
-    f"_n=int(_h)\n"
+    f"    if len(_h)>{len(str(MAX_BOOTSTRAP_BYTES)) + 1}: raise SystemExit('bad length')\n"
+    "_n=int(_h)\n"
     f"if not 0<_n<={MAX_BOOTSTRAP_BYTES}: raise SystemExit('psych-sandbox: bad length')\n"
     "_c=compile(_r(_n),'<bootstrap>','exec',dont_inherit=True)\n"
     "del _r,_h,_n\n"
@@ -141,7 +141,9 @@ class WindowsBackend(Backend):
             return
         if options.environment is not None:
             self.interpreter = resolve_environment(
-                options.environment, reachable_by_any_uid=False, runner="the program",
+                options.environment,
+                reachable_by_any_uid=False,
+                runner="the program",
                 bound_read_only=False,
             ).executable
         else:
@@ -186,7 +188,11 @@ class WindowsBackend(Backend):
         try:
             await channel.open()
             argv = [
-                self.interpreter, "-I", "-u", "-c", LOADER,
+                self.interpreter,
+                "-I",
+                "-u",
+                "-c",
+                LOADER,
                 f"channel={channel.child_spec}",
                 "probe=" + json.dumps(request.probe.as_json_object()),
             ]
@@ -206,11 +212,12 @@ class WindowsBackend(Backend):
                 await process.stdin.send(stdin_payload(request.bootstrap_source, channel))
                 await process.stdin.aclose()
             except (OSError, anyio.BrokenResourceError) as exc:
-                raise BackendUnavailable(f"the child could not be started in its job: {exc}") \
-                    from exc
-            launched = _Launched(process, job, channel, self.mechanisms(
-                request.limits.memory_bytes is not None
-            ))
+                raise BackendUnavailable(
+                    f"the child could not be started in its job: {exc}"
+                ) from exc
+            launched = _Launched(
+                process, job, channel, self.mechanisms(request.limits.memory_bytes is not None)
+            )
             launched.workspace_path = workspace
             yield launched
         finally:

@@ -77,7 +77,7 @@ DEFAULT_ACTIVE_PROCESSES = 256
 TICKS_PER_SECOND = 10_000_000
 
 
-class IO_COUNTERS(ctypes.Structure):  # noqa: N801 - the Windows name
+class IO_COUNTERS(ctypes.Structure):
     _fields_ = [
         ("ReadOperationCount", ctypes.c_uint64),
         ("WriteOperationCount", ctypes.c_uint64),
@@ -88,7 +88,7 @@ class IO_COUNTERS(ctypes.Structure):  # noqa: N801 - the Windows name
     ]
 
 
-class JOBOBJECT_BASIC_LIMIT_INFORMATION(ctypes.Structure):  # noqa: N801
+class JOBOBJECT_BASIC_LIMIT_INFORMATION(ctypes.Structure):
     _fields_ = [
         ("PerProcessUserTimeLimit", ctypes.c_int64),
         ("PerJobUserTimeLimit", ctypes.c_int64),
@@ -102,7 +102,7 @@ class JOBOBJECT_BASIC_LIMIT_INFORMATION(ctypes.Structure):  # noqa: N801
     ]
 
 
-class JOBOBJECT_EXTENDED_LIMIT_INFORMATION(ctypes.Structure):  # noqa: N801
+class JOBOBJECT_EXTENDED_LIMIT_INFORMATION(ctypes.Structure):
     _fields_ = [
         ("BasicLimitInformation", JOBOBJECT_BASIC_LIMIT_INFORMATION),
         ("IoInfo", IO_COUNTERS),
@@ -113,7 +113,7 @@ class JOBOBJECT_EXTENDED_LIMIT_INFORMATION(ctypes.Structure):  # noqa: N801
     ]
 
 
-class JOBOBJECT_BASIC_UI_RESTRICTIONS(ctypes.Structure):  # noqa: N801
+class JOBOBJECT_BASIC_UI_RESTRICTIONS(ctypes.Structure):
     _fields_ = [("UIRestrictionsClass", ctypes.c_uint32)]
 
 
@@ -213,8 +213,11 @@ class JobObject:
         assert self.handle is not None
         process = self.api.open_process(
             pid,
-            PROCESS_SET_QUOTA | PROCESS_TERMINATE | PROCESS_SUSPEND_RESUME
-            | PROCESS_QUERY_LIMITED_INFORMATION | SYNCHRONIZE,
+            PROCESS_SET_QUOTA
+            | PROCESS_TERMINATE
+            | PROCESS_SUSPEND_RESUME
+            | PROCESS_QUERY_LIMITED_INFORMATION
+            | SYNCHRONIZE,
         )
         try:
             self.api.assign(self.handle, process)
@@ -252,7 +255,10 @@ class Win32JobApi:
         k.CreateJobObjectW.restype = ctypes.c_void_p
         k.CreateJobObjectW.argtypes = [ctypes.c_void_p, ctypes.c_wchar_p]
         k.SetInformationJobObject.argtypes = [
-            ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint32,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_uint32,
         ]
         k.OpenProcess.restype = ctypes.c_void_p
         k.OpenProcess.argtypes = [ctypes.c_uint32, ctypes.c_int, ctypes.c_uint32]
@@ -283,8 +289,9 @@ class Win32JobApi:
         return int(handle)
 
     def assign(self, job: int, process: int) -> None:
-        self._check(self._kernel32.AssignProcessToJobObject(job, process),
-                    "AssignProcessToJobObject")
+        self._check(
+            self._kernel32.AssignProcessToJobObject(job, process), "AssignProcessToJobObject"
+        )
 
     def resume(self, process: int) -> None:
         # subprocess closes the primary thread's handle, so the process is resumed whole.
