@@ -204,7 +204,7 @@ def interpreter_prefixes(interpreter: str) -> tuple[str, ...]:
                 "-I",
                 "-S",
                 "-c",
-                "import sys; print(sys.prefix); print(sys.base_prefix); print(sys.base_exec_prefix)",
+                "import sys; print(sys.prefix, sys.base_prefix, sys.base_exec_prefix, sep='\\n')",
             ],
             env={},
             stdin=subprocess.DEVNULL,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from psych_sandbox_core.terms import ExecutionLimits
 
@@ -249,8 +249,10 @@ class Win32JobApi:
     def __init__(self) -> None:
         if sys.platform != "win32":
             raise OSError("Job Objects exist only on Windows")
-        self._kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined,unused-ignore]
-        self._ntdll = ctypes.WinDLL("ntdll")  # type: ignore[attr-defined,unused-ignore]
+        # WinDLL exists only on Windows (and in typeshed only there): looked up by name.
+        windll: Any = getattr(ctypes, "WinDLL")  # noqa: B009
+        self._kernel32: Any = windll("kernel32", use_last_error=True)
+        self._ntdll: Any = windll("ntdll")
         k = self._kernel32
         k.CreateJobObjectW.restype = ctypes.c_void_p
         k.CreateJobObjectW.argtypes = [ctypes.c_void_p, ctypes.c_wchar_p]
@@ -269,7 +271,7 @@ class Win32JobApi:
 
     def _check(self, ok: object, what: str) -> None:
         if not ok:
-            error = ctypes.get_last_error()  # type: ignore[attr-defined,unused-ignore]
+            error: int = getattr(ctypes, "get_last_error")()  # noqa: B009
             raise OSError(error, f"{what} failed (Windows error {error})")
 
     def create_job(self) -> int:
