@@ -4,17 +4,31 @@ left listening."""
 
 from __future__ import annotations
 
+import json
 import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
 
 import anyio
 import pytest
 
+from psych_sandbox_core import ExecutionLimits, Sandbox
+from psych_sandbox_core.backend import Backend, Launched, LaunchRequest
 from psych_sandbox_core.channel import FrameChannel
 from psych_sandbox_core.channel_loopback import (
     MAX_REFUSED_CONNECTIONS,
     LoopbackTokenChannel,
 )
 from psych_sandbox_core.errors import ProtocolViolation
+from psych_sandbox_core.grading import Level, Mechanisms
+from psych_sandbox_core.hookspecs import hookimpl
+from psych_sandbox_core.host import child_environment
+from psych_sandbox_core.process import ExitStatus, ManagedProcess
+from psych_sandbox_core.profiles import DeploymentConfig, ProfileConfig
+from psych_sandbox_core.registry import BackendRegistry
+from psych_sandbox_core.workspace import create_workspace, remove_tree
 
 pytestmark = pytest.mark.anyio
 
@@ -216,3 +230,89 @@ async def test_frames_flow_over_it() -> None:
     assert isinstance(frame, HelloFrame) and frame.report.platform == "win32"
     await frames.aclose()
     await child.aclose()
+
+
+# ---------------------------------------------------------------- any backend can use it
+
+
+class LoopbackBackend(Backend):
+    """A minimal backend of the kind a third party targeting another OS would write: a plain
+    process in its own session, its channel the token channel (nothing inherited)."""
+
+    id: ClassVar[str] = "loopbacktest"
+    claims: ClassVar[Level] = Level.NONE
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    @asynccontextmanager
+    async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
+        workspace = create_workspace()
+        channel = LoopbackTokenChannel()
+        process: ManagedProcess | None = None
+        try:
+            await channel.open()
+            process = await ManagedProcess.spawn(
+                [
+                    sys.executable,
+                    "-I",
+                    "-u",
+                    *request.bootstrap_command(sys.executable),
+                    f"channel={channel.child_spec}",
+                    "probe=" + json.dumps(request.probe.as_json_object()),
+                ],
+                env=child_environment(workspace),
+                cwd=workspace,
+                with_stdin=True,
+            )
+            assert process.stdin is not None
+            await process.stdin.send(channel.child_stdin)
+            await process.stdin.aclose()
+            yield _Launched(process, channel)
+        finally:
+            with anyio.CancelScope(shield=True):
+                if process is not None:
+                    await process.aclose()
+                await channel.aclose()
+                remove_tree(workspace)
+
+
+class _Launched(Launched):
+    def __init__(self, process: ManagedProcess, channel: LoopbackTokenChannel) -> None:
+        self.process, self.channel = process, channel
+        self.mechanisms = Mechanisms()
+        self.stdout, self.stderr = process.stdout, process.stderr
+
+    async def wait_exited(self) -> None:
+        await self.process.wait_exited()
+
+    async def terminate(self, grace_seconds: float) -> None:
+        await self.process.terminate(grace_seconds)
+
+    async def finish(self) -> ExitStatus:
+        return await self.process.kill_and_reap()
+
+
+class _Plugin:
+    @staticmethod
+    @hookimpl
+    def psych_sandbox_register_backends(registry: Any) -> None:
+        registry.add(LoopbackBackend)
+
+
+async def test_a_backend_runs_programs_over_the_token_channel() -> None:
+    registry = BackendRegistry()
+    registry.register_plugin(_Plugin(), "loopback-test")
+    config = DeploymentConfig(
+        profiles={
+            "lo": ProfileConfig(
+                backend="loopbacktest",
+                required_level=Level.NONE,
+                limits=ExecutionLimits(cpu_seconds=10, wall_seconds=60.0),
+            )
+        }
+    )
+    async with Sandbox(config, registry=registry) as sandbox:
+        result = await sandbox.run("print('hi')\nreturn 6 * 7", profile="lo")
+    assert result.error is None, result.error
+    assert (result.return_value, result.stdout) == (42, "hi\n")
