@@ -54,10 +54,17 @@ from .protocol.shape import ShapeLimits, check_shape
 #: A file is called JSON only when parsing it is as bounded as parsing a frame's value.
 _SNIFF_SHAPE = ShapeLimits(MAX_JSON_DEPTH, MAX_JSON_ELEMENTS, "depth", "elements")
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+# getattr for the POSIX-only flags: the module must import on Windows too, where no backend
+# hands the host a workspace to walk.
+_DIR_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_DIRECTORY", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 _FILE_FLAGS = (
     os.O_RDONLY
-    | os.O_NOFOLLOW
+    | getattr(os, "O_NOFOLLOW", 0)
     | getattr(os, "O_NONBLOCK", 0)
     | getattr(os, "O_NOCTTY", 0)
     | getattr(os, "O_CLOEXEC", 0)

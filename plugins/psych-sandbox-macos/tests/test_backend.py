@@ -83,6 +83,20 @@ def test_doctor_reports_it_unavailable_and_fails_nothing() -> None:
     )
 
 
+@needs_macos
+def test_doctor_shows_it_working_with_its_level_and_grades() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "psych_sandbox_core", "doctor", "--json"],
+        capture_output=True,
+        timeout=300,
+    )
+    row = next(b for b in json.loads(completed.stdout)["backends"] if b["id"] == "macos")
+    assert row["works"] is True, row
+    assert row["level"] == "process"
+    assert row["grades"]["filesystem"] == "unverified"
+    assert row["grades"]["memory"] == "unavailable"
+
+
 def test_grades_and_level_on_macos() -> None:
     grades = grade(MacosBackend.mechanisms(), macos_report(), host_uid=501)
     assert grades == {

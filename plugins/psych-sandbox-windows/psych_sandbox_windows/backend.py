@@ -218,7 +218,11 @@ class WindowsBackend(Backend):
             launched = _Launched(
                 process, job, channel, self.mechanisms(request.limits.memory_bytes is not None)
             )
-            launched.workspace_path = workspace
+            # No artifacts: the host's walk (and the bootstrap's) opens directories by
+            # descriptor without following links, which Windows cannot do; a run that asks
+            # for artifacts gets artifacts_unavailable rather than a walk that could follow a
+            # junction out of the workspace.
+            launched.workspace_path = None
             yield launched
         finally:
             # Shielded: a cancelled run must still end the job, reap and remove its workspace.

@@ -39,6 +39,7 @@ from psych_sandbox_windows.backend import (
 )
 
 off_windows = pytest.mark.skipif(sys.platform == "win32", reason="tests the other platforms")
+needs_windows = pytest.mark.skipif(sys.platform != "win32", reason="needs Windows (run in CI)")
 
 
 def windows_report(**overrides: Any) -> ContainmentReport:
@@ -91,6 +92,20 @@ def test_doctor_reports_it_unavailable_and_fails_nothing() -> None:
     assert not any("windows" in error for error in report["errors"])
     if report["verdict"]["backend"] != "windows":
         assert completed.returncode in (0, 1)
+
+
+@needs_windows
+def test_doctor_shows_it_working_with_its_level_and_grades() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "psych_sandbox_core", "doctor", "--json"],
+        capture_output=True,
+        timeout=300,
+    )
+    row = next(b for b in json.loads(completed.stdout)["backends"] if b["id"] == "windows")
+    assert row["works"] is True, row
+    assert row["level"] == "process"
+    assert row["grades"]["identity"] == "unavailable"
+    assert row["grades"]["environment"] == "enforced"
 
 
 def test_the_environment_is_an_allow_list() -> None:
@@ -156,7 +171,7 @@ async def test_launch_off_windows_is_backend_unavailable() -> None:
 WINDOWS_LIKE = (
     "import os,sys\n"
     "for _name in ('getuid','geteuid','getgid','O_DIRECTORY'):\n"
-    "    delattr(os,_name)\n"
+    "    if hasattr(os,_name): delattr(os,_name)\n"
     "sys.modules['resource']=None\n"
 )
 
