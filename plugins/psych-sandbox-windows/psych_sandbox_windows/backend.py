@@ -185,6 +185,7 @@ class WindowsBackend(Backend):
         workspace = tempfile.mkdtemp(prefix="psych-ws-")
         channel = LoopbackTokenChannel()
         process: anyio.abc.Process | None = None
+        adopted = False
         try:
             await channel.open()
             argv = [
@@ -208,6 +209,7 @@ class WindowsBackend(Backend):
                 )
                 # Suspended until it is in the job: nothing it starts can be outside it.
                 job.adopt_suspended(process.pid)
+                adopted = True
                 assert process.stdin is not None
                 await process.stdin.send(stdin_payload(request.bootstrap_source, channel))
                 await process.stdin.aclose()
@@ -229,6 +231,10 @@ class WindowsBackend(Backend):
             with anyio.CancelScope(shield=True):
                 job.close()
                 if process is not None:
+                    if not adopted:
+                        # Still suspended outside the job, which cannot end it.
+                        with suppress(OSError):
+                            process.kill()
                     await process.wait()
                     await process.aclose()
                 await channel.aclose()
