@@ -887,7 +887,7 @@ def _open_workspace():
     """The workspace as a descriptor, taken before the program can change directory: the
     backend starts the bootstrap in it. None if it cannot be opened."""
     if not hasattr(os, "O_DIRECTORY"):
-        return None  # no directory descriptors (Windows): the host collects from its side
+        return None  # no directory descriptors (Windows): nothing is walked from here
     try:
         fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
