@@ -4,6 +4,9 @@ the kernel, and the order of the calls, driven against a recording fake (fake_jo
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
+from typing import Any
 
 import pytest
 from fake_job_api import RecordingFakeJobApi
@@ -143,6 +146,46 @@ def test_a_failing_terminate_still_closes_the_handle() -> None:
     assert api.names()[-2:] == ["terminate", "close"]
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="tests the other platforms")
 def test_the_real_api_refuses_to_exist_off_windows() -> None:
     with pytest.raises(OSError, match="only on Windows"):
         Win32JobApi()
+
+
+@pytest.mark.skipif(sys.platform != "win32", reason="needs Windows (run in CI)")
+def test_a_real_job_holds_the_tree_and_closing_it_ends_the_tree() -> None:
+    """On Windows: a suspended child and the grandchild it starts die when the job closes."""
+    api = Win32JobApi()
+    job = JobObject.create(api, job_limits(ExecutionLimits()))
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "print(g.pid, flush=True)\n"
+            "time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        creationflags=jobobject.CREATE_SUSPENDED | jobobject.CREATE_NO_WINDOW,
+    )
+    try:
+        job.adopt_suspended(child.pid)
+        assert child.stdout is not None
+        grandchild = int(child.stdout.readline())
+        # Judged from the host: a handle on the grandchild, waited on after the job closes.
+        kernel32: Any = getattr(ctypes, "WinDLL")("kernel32")  # noqa: B009
+        kernel32.OpenProcess.restype = ctypes.c_void_p
+        handle = kernel32.OpenProcess(jobobject.SYNCHRONIZE, False, grandchild)
+        assert handle
+        try:
+            job.close()
+            assert child.wait(timeout=60) == jobobject.EXIT_TERMINATED
+            wait_object_0 = 0
+            assert kernel32.WaitForSingleObject(ctypes.c_void_p(handle), 60_000) == wait_object_0
+        finally:
+            kernel32.CloseHandle(ctypes.c_void_p(handle))
+    finally:
+        if child.poll() is None:
+            child.kill()
+        job.close()
