@@ -44,7 +44,7 @@ from .protocol.limits import MAX_ARTIFACT_DEPTH, MAX_ARTIFACT_ENTRIES
 
 _FILE_FLAGS = (
     os.O_RDONLY
-    | os.O_NOFOLLOW
+    | getattr(os, "O_NOFOLLOW", 0)
     | getattr(os, "O_NONBLOCK", 0)
     | getattr(os, "O_NOCTTY", 0)
     | getattr(os, "O_CLOEXEC", 0)

@@ -15,8 +15,15 @@ from dataclasses import dataclass, field
 
 from .result import SkippedEntry
 
-#: Opens a directory without following a link, relative to its parent's descriptor.
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+#: Opens a directory without following a link, relative to its parent's descriptor. getattr
+#: for the POSIX-only flags: the module must import on Windows too, where no backend hands
+#: the host a workspace to walk.
+DIR_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_DIRECTORY", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
 #: Skipped entries listed by name; beyond this they are only counted.
 MAX_SKIPPED_LISTED = 100

@@ -183,22 +183,27 @@ class Channel:
         token = None
         if kind == "fd":
             sock = _socket.socket(fileno=int(rest))
+            # Inherited, so inheritable: the program's children must not get it too. (Sockets
+            # made here are never inheritable; on Windows a descriptor is not a socket.)
+            os.set_inheritable(sock.fileno(), False)
         elif kind == "unix":
             sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             sock.connect(rest)
         elif kind == "tcp":
-            host, port, token = rest.rsplit(":", 2)
+            # A loopback listener (channel_loopback.py): the one-time token comes on stdin,
+            # never on the command line, and is the first line sent.
+            host, port = rest.rsplit(":", 1)
             host = host.strip("[]")
+            token = _read_token()
             family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
             sock = _socket.socket(family, _socket.SOCK_STREAM)
             sock.connect((host, int(port)))
         else:
             raise SystemExit(f"psych-sandbox bootstrap: unknown channel {spec!r}")
-        os.set_inheritable(sock.fileno(), False)
         self.sock = sock
         self._buffer = b""
         if token is not None:
-            sock.sendall(token.encode() + b"\n")
+            sock.sendall(token + b"\n")
         self.lock = _thread.allocate_lock()
         self.next_id = 0
 
@@ -249,6 +254,19 @@ class Channel:
         if carries == "handle":
             return ToolResultHandle(reply["handle"])
         raise ToolError(reply.get("error_kind") or "tool_error", reply.get("message") or "")
+
+
+def _read_token():
+    """The token line the host wrote to stdin (and closed), without the newline."""
+    data = b""
+    while not data.endswith(b"\n") and len(data) <= 128:
+        chunk = os.read(0, 129 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    if not data.endswith(b"\n"):
+        raise SystemExit("psych-sandbox bootstrap: no channel token on stdin")
+    return data[:-1]
 
 
 # ------------------------------------------------------------------ probing
@@ -349,9 +367,10 @@ def probe(config):
     port6 = config.get("port6")
     host_pid = config.get("host_pid")
     return {
-        "uid": os.getuid(),
-        "euid": os.geteuid(),
-        "gid": os.getgid(),
+        # -1 where there are no POSIX ids (Windows): the host grades no identity there.
+        "uid": os.getuid() if hasattr(os, "getuid") else -1,
+        "euid": os.geteuid() if hasattr(os, "geteuid") else -1,
+        "gid": os.getgid() if hasattr(os, "getgid") else -1,
         "pid": os.getpid(),
         "canary_readable": canary_readable,
         "network": {
@@ -867,6 +886,8 @@ def run_program(channel, frame):
 def _open_workspace():
     """The workspace as a descriptor, taken before the program can change directory: the
     backend starts the bootstrap in it. None if it cannot be opened."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return None  # no directory descriptors (Windows): nothing is walked from here
     try:
         fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
@@ -895,10 +916,13 @@ class _ArtifactSender:
         self.stopped = False
         #: The file whose chunks are going out, so a failure can abandon it.
         self.sending = None
-        self.dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        self.file_flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(
-            os, "O_NOCTTY", 0
-        )
+        # POSIX flags; where they do not exist the workspace was never opened (see above).
+        posix = {name: getattr(os, name, 0) for name in (
+            "O_DIRECTORY", "O_NOFOLLOW", "O_CLOEXEC", "O_NONBLOCK", "O_NOCTTY")}
+        self.dir_flags = os.O_RDONLY | posix["O_DIRECTORY"] | posix["O_NOFOLLOW"] | posix[
+            "O_CLOEXEC"]
+        self.file_flags = os.O_RDONLY | posix["O_NOFOLLOW"] | posix["O_NONBLOCK"] | posix[
+            "O_CLOEXEC"] | posix["O_NOCTTY"]
 
     def skip(self, path, reason):
         self.channel.send({"type": "artifact_skipped", "path": path, "reason": reason})

@@ -2,16 +2,15 @@
 
 A backend picks a :class:`ChannelListener`: an inherited socket where processes inherit file
 descriptors, a Unix socket in a directory bind-mounted into a container, or a loopback TCP
-socket with a one-time token where neither is available. The child is handed one string
-(``fd:N``, ``unix:PATH``, ``tcp:HOST:PORT:TOKEN``) and the bootstrap is the same source in
-every case. Once connected, :class:`FrameChannel` reads bounded frames and writes host frames.
+socket with a one-time token where neither is available (channel_loopback.py). The child
+is handed one string (``fd:N``, ``unix:PATH``, ``tcp:HOST:PORT``) and the bootstrap is the
+same source in every case. Once connected, :class:`FrameChannel` reads bounded frames and
+writes host frames.
 """
 
 from __future__ import annotations
 
-import hmac
 import os
-import secrets
 import socket
 import time
 from abc import ABC, abstractmethod
@@ -19,7 +18,6 @@ from pathlib import Path
 
 import anyio
 from anyio.abc import ByteStream, SocketListener, SocketStream
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .errors import ProtocolViolation
 from .protocol import ChildFrame, HostFrame, decode_child_frame, encode_host_frame
@@ -97,62 +95,6 @@ class UnixSocketChannel(ChannelListener):
         if self._listener is not None:
             await self._listener.aclose()
         self.path.unlink(missing_ok=True)
-
-
-class LoopbackTokenChannel(ChannelListener):
-    """A loopback TCP listener; the first line the child sends must be a one-time token."""
-
-    def __init__(self) -> None:
-        self._token = secrets.token_hex(16)
-        self._listener: SocketListener | None = None
-        self.child_spec = ""
-
-    async def open(self) -> None:
-        multi = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-        listener = multi.listeners[0]
-        assert isinstance(listener, SocketListener)
-        self._listener = listener
-        port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        self.child_spec = f"tcp:127.0.0.1:{port}:{self._token}"
-
-    async def accept(self) -> ByteStream:
-        assert self._listener is not None, "open() first"
-        while True:
-            stream = await self._listener.accept()
-            buffered = BufferedByteReceiveStream(stream)
-            try:
-                presented = await buffered.receive_until(b"\n", 64)
-            except Exception:
-                await stream.aclose()
-                continue
-            if hmac.compare_digest(presented, self._token.encode()):
-                await self._listener.aclose()
-                return _Prebuffered(stream, buffered)
-            await stream.aclose()
-
-    async def aclose(self) -> None:
-        if self._listener is not None:
-            await self._listener.aclose()
-
-
-class _Prebuffered(ByteStream):
-    """A stream whose first bytes were already read into a buffer while checking the token."""
-
-    def __init__(self, stream: ByteStream, buffered: BufferedByteReceiveStream) -> None:
-        self._stream = stream
-        self._buffered = buffered
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        return await self._buffered.receive(max_bytes)
-
-    async def send(self, item: bytes) -> None:
-        await self._stream.send(item)
-
-    async def send_eof(self) -> None:
-        await self._stream.send_eof()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
 
 
 #: A child that keeps frames coming without ever making us wait must not starve the event loop

@@ -116,9 +116,11 @@ class Mechanisms(BaseModel):
     filesystem_boundary: bool = False
     #: Some weaker filesystem confinement (e.g. a deny-list profile).
     filesystem_confinement: bool = False
-    #: A network namespace or --network=none.
+    #: A kernel network boundary: a network namespace, --network=none, or a sandbox profile
+    #: that denies every network operation (macOS seatbelt).
     network_namespace: bool = False
-    #: A pid namespace, cgroup or job object: descendants cannot outlive teardown.
+    #: A pid namespace, cgroup or job object: descendants cannot outlive teardown (enforced
+    #: only while the program cannot reach its supervisor, see below).
     process_tree_boundary: bool = False
     #: The program can signal, trace or write the memory of a process that supervises its
     #: execution (the host, a namespace's init, a launcher), so it could stop it or keep it
@@ -136,10 +138,15 @@ class Mechanisms(BaseModel):
     exclusive_identity: bool = False
     #: The child sets rlimits on itself (CPU, address space, file size, process count).
     rlimits: bool = True
+    #: The address-space rlimit caps memory here. False where a platform accepts the limit
+    #: without enforcing it (macOS): memory is then capped by nothing.
+    address_space_rlimit: bool = True
     #: A memory cap enforced from outside the process (cgroup, job object).
     memory_cgroup: bool = False
-    #: A process-count cap enforced from outside (pids cgroup).
+    #: A process-count cap enforced from outside (pids cgroup, job object).
     pids_cgroup: bool = False
+    #: A CPU-time cap enforced from outside the process (a job object's).
+    cpu_limit_outside: bool = False
     #: The host's wall-clock timer kills the tree.
     wall_clock: bool = True
     #: The environment is built from an allow-list.
@@ -202,7 +209,7 @@ def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -
     # Process tree: a boundary the program can reach the supervisor of is not enforced.
     if mechanisms.process_tree_boundary and not mechanisms.supervisor_reachable:
         grades[Guarantee.PROCESS_TREE] = Grade.ENFORCED
-    elif mechanisms.process_group:
+    elif mechanisms.process_group or mechanisms.process_tree_boundary:
         grades[Guarantee.PROCESS_TREE] = Grade.UNVERIFIED
     else:
         grades[Guarantee.PROCESS_TREE] = Grade.UNAVAILABLE
@@ -236,15 +243,23 @@ def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -
     # contradicted only if the inherited hard limit could not be lowered (never happens) —
     # so unverified unless enforced from outside.
     rlimit = Grade.UNVERIFIED if mechanisms.rlimits else Grade.UNAVAILABLE
-    grades[Guarantee.CPU] = rlimit if _limit(report, "CPU") is not None else Grade.UNAVAILABLE
-    memory = Grade.ENFORCED if mechanisms.memory_cgroup else rlimit
-    grades[Guarantee.MEMORY] = memory if (
-        mechanisms.memory_cgroup or _limit(report, "AS") is not None
+    # A cap held from outside is enforced, unless the program can reach the supervisor that
+    # holds it (a job object's handle, taken from a process of its own account).
+    outside = Grade.UNVERIFIED if mechanisms.supervisor_reachable else Grade.ENFORCED
+    if mechanisms.cpu_limit_outside:
+        grades[Guarantee.CPU] = outside
+    else:
+        grades[Guarantee.CPU] = rlimit if _limit(report, "CPU") is not None else (
+            Grade.UNAVAILABLE
+        )
+    memory = outside if mechanisms.memory_cgroup else rlimit
+    grades[Guarantee.MEMORY] = memory if mechanisms.memory_cgroup or (
+        mechanisms.address_space_rlimit and _limit(report, "AS") is not None
     ) else Grade.UNAVAILABLE
     grades[Guarantee.FILE_SIZE] = rlimit if _limit(report, "FSIZE") is not None else (
         Grade.UNAVAILABLE
     )
-    pids = Grade.ENFORCED if mechanisms.pids_cgroup else rlimit
+    pids = outside if mechanisms.pids_cgroup else rlimit
     grades[Guarantee.PROCESS_COUNT] = pids if (
         mechanisms.pids_cgroup or _limit(report, "NPROC") is not None
     ) else Grade.UNAVAILABLE

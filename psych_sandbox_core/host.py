@@ -597,7 +597,9 @@ async def _handshake(
             raise ProtocolViolation(
                 f"child speaks protocol {hello.protocol}, host speaks {PROTOCOL_VERSION}"
             )
-        state.grades = grade(launched.mechanisms, hello.report, host_uid=os.getuid())
+        # -1 where there are no POSIX ids (Windows), as the child reports its own there.
+        host_uid = os.getuid() if hasattr(os, "getuid") else -1
+        state.grades = grade(launched.mechanisms, hello.report, host_uid=host_uid)
         state.hello = hello
         return channel
     except BaseException:
@@ -906,6 +908,8 @@ def _classify(
 
 
 def _cpu_exhausted(status: ExitStatus, limits: ExecutionLimits) -> bool:
+    if status.signal is None:
+        return False  # (and no POSIX signal names to compare with on Windows)
     if status.signal == signal.SIGXCPU:
         return True
     # The hard limit's SIGKILL: the tree's CPU, or failing that wait4's lower bound, shows

@@ -25,10 +25,9 @@ shared directories, keyrings). Only kernel proof that no process can remain
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
-import pwd
 import stat
+import sys
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -40,6 +39,10 @@ from pydantic import Field
 from .backend import BackendOptions, BackendUnavailable
 from .errors import ConfigurationError
 from .sweep import sweep
+
+if sys.platform != "win32":  # POSIX identities; the module must still import on Windows
+    import fcntl
+    import pwd
 
 #: Default range: far above the uids distributions hand out (and above the 100000+ ranges
 #: container tools use for subordinate ids), below 2**31 so no tool misreads it as negative.

@@ -21,8 +21,14 @@ from .temp_dirs import WORKSPACE_PREFIX, make_directory
 #: top of the workspace (a rename inside the same tree) and removed from there.
 MAX_OPEN_DIRECTORIES = 64
 
-#: How a directory is opened on every step: never through a link.
-DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+#: How a directory is opened on every step: never through a link. (getattr: the module must
+#: import on Windows too, whose backend removes its workspace its own way.)
+DIRECTORY_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_DIRECTORY", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 def create_workspace(owner: tuple[int, int] | None = None) -> str:
@@ -40,7 +46,7 @@ def remove_tree(path: str) -> None:
     # as /tmp is on macOS); only what lies below is the program's.
     full = os.path.abspath(path)
     try:
-        parent = os.open(os.path.dirname(full), DIRECTORY_FLAGS & ~os.O_NOFOLLOW)
+        parent = os.open(os.path.dirname(full), DIRECTORY_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return
     try:

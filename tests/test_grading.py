@@ -196,3 +196,40 @@ def test_a_uid_shared_between_executions_separates_them_only_inside_namespaces()
     assert grade(leased, report(), host_uid=0)[Guarantee.IDENTITY] is Grade.ENFORCED
     # Mount and pid namespaces around it: the shared uid reaches nothing of another's.
     assert grade(BOUNDARY, report(), host_uid=0)[Guarantee.IDENTITY] is Grade.ENFORCED
+
+
+def test_caps_held_from_outside_are_enforced_unless_their_holder_is_reachable() -> None:
+    """A job object's (or cgroup's) caps are the kernel's, but a program that can open the
+    worker holding them can take the handle and lift them."""
+    outside = Mechanisms(
+        process_tree_boundary=True,
+        process_group=False,
+        rlimits=False,
+        memory_cgroup=True,
+        pids_cgroup=True,
+        cpu_limit_outside=True,
+    )
+    no_rlimits = report(limits=[])
+    grades = grade(outside, no_rlimits, host_uid=0)
+    for guarantee in (Guarantee.CPU, Guarantee.MEMORY, Guarantee.PROCESS_COUNT):
+        assert grades[guarantee] is Grade.ENFORCED
+    assert grades[Guarantee.PROCESS_TREE] is Grade.ENFORCED
+    reachable = grade(
+        outside.model_copy(update={"supervisor_reachable": True}), no_rlimits, host_uid=0
+    )
+    for guarantee in (Guarantee.CPU, Guarantee.MEMORY, Guarantee.PROCESS_COUNT):
+        assert reachable[guarantee] is Grade.UNVERIFIED
+    # A tree boundary whose holder is reachable is still more than nothing.
+    assert reachable[Guarantee.PROCESS_TREE] is Grade.UNVERIFIED
+    # Without the CPU cap from outside and without an rlimit, CPU is not capped at all.
+    no_cpu = grade(
+        outside.model_copy(update={"cpu_limit_outside": False}), no_rlimits, host_uid=0
+    )
+    assert no_cpu[Guarantee.CPU] is Grade.UNAVAILABLE
+    assert level_of(no_cpu) is Level.NONE
+
+
+def test_an_address_space_limit_the_platform_ignores_caps_no_memory() -> None:
+    ignored = Mechanisms(address_space_rlimit=False)
+    assert grade(ignored, report(), host_uid=0)[Guarantee.MEMORY] is Grade.UNAVAILABLE
+    assert grade(Mechanisms(), report(), host_uid=0)[Guarantee.MEMORY] is Grade.UNVERIFIED

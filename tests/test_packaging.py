@@ -34,6 +34,8 @@ class Source:
     readme: str
     #: Besides the package, README, license and tests (and what every sdist carries).
     extra_sdist: frozenset[str] = frozenset()
+    #: The platform it serves (it installs everywhere, and says it is unavailable elsewhere).
+    operating_system: str = "Operating System :: POSIX :: Linux"
 
 
 SOURCES = [
@@ -57,6 +59,20 @@ SOURCES = [
         ROOT / "plugins" / "psych-sandbox-docker",
         "psych_sandbox_docker",
         "README.md",
+    ),
+    Source(
+        "psych-sandbox-macos",
+        ROOT / "plugins" / "psych-sandbox-macos",
+        "psych_sandbox_macos",
+        "README.md",
+        operating_system="Operating System :: MacOS",
+    ),
+    Source(
+        "psych-sandbox-windows",
+        ROOT / "plugins" / "psych-sandbox-windows",
+        "psych_sandbox_windows",
+        "README.md",
+        operating_system="Operating System :: Microsoft :: Windows",
     ),
 ]
 
@@ -204,7 +220,7 @@ def test_classifiers_and_a_compatible_range_of_the_core(built: dict[str, Built])
         metadata = _metadata(item.wheel)
         classifiers = metadata.get_all("Classifier") or []
         assert "Typing :: Typed" in classifiers
-        assert "Operating System :: POSIX :: Linux" in classifiers
+        assert item.source.operating_system in classifiers
         if item.source.name == "psych-sandbox-core":
             assert metadata["Version"] == core_version
             continue
@@ -291,7 +307,9 @@ def test_the_wheels_install_into_a_fresh_environment_and_run_a_program(
         ("bwrap", "psych-sandbox-bwrap", "0.1.0"),
         ("docker", "psych-sandbox-docker", "0.1.0"),
         ("gvisor", "psych-sandbox-docker", "0.1.0"),
+        ("macos", "psych-sandbox-macos", "0.1.0"),
         ("subprocess", "psych-sandbox-core", "0.1.0"),
+        ("windows", "psych-sandbox-windows", "0.1.0"),
     }
     assert _run([python, "-m", "psych_sandbox_core", "--version"], tmp_path, env) == version
 

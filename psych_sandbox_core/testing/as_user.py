@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import json
 import pwd
 import shutil
 import subprocess
@@ -52,6 +53,13 @@ def staged_environment(
     atexit.register(shutil.rmtree, root, True)
     site = root / "site"
     packages = Path(sysconfig.get_paths()["purelib"])
+    # An editable install not named in ``editable`` is left out too: its code stays in the
+    # checkout, and its metadata alone would register an entry point nothing can load.
+    left_out_editable = {
+        info.name
+        for info in packages.glob("*.dist-info")
+        if _is_editable(info) and info.name.split("-")[0] not in editable
+    }
 
     def ignore(directory: str, names: list[str]) -> set[str]:
         if Path(directory) != packages:
@@ -62,6 +70,7 @@ def staged_environment(
             if n.endswith(".pth")
             or n.split("-")[0].split(".")[0] in _NOT_NEEDED
             or n.startswith(leave_out)
+            or n in left_out_editable
         }
 
     shutil.copytree(packages, site, ignore=ignore)
@@ -73,3 +82,12 @@ def staged_environment(
     for path in [root, *root.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return root
+
+
+def _is_editable(info: Path) -> bool:
+    """Whether the distribution whose metadata is ``info`` was installed in editable mode."""
+    try:
+        direct = json.loads((info / "direct_url.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(direct, dict) and bool((direct.get("dir_info") or {}).get("editable"))

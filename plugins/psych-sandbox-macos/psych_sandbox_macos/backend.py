@@ -1,0 +1,230 @@
+"""The macos backend: the process level on macOS, with a seatbelt profile per execution.
+
+Each execution runs ``sandbox-exec`` with a profile generated for it (seatbelt.py): writes
+confined to its own workspace (also its temporary directory), reads allowed except in named
+subtrees, every network operation denied. The bootstrap caps CPU, file size and process
+count with rlimits on itself; the tree runs in its own session and process group, torn down
+as on Linux (SIGTERM to the group, a grace window, SIGKILL to the group, always a reap).
+
+What it cannot do, and says so in the grades (docs: the plugin's README):
+
+- The filesystem guarantee is unverified, never enforced, whatever the canary finds: the
+  profile denies named subtrees, and everything it does not name is readable.
+- Memory is capped by nothing: macOS accepts an address-space rlimit and does not enforce it.
+  The memory grade is unavailable, so the level is process and a profile that requires the
+  isolated level is refused at configuration (the backend claims process).
+- The program runs as the worker's own account (identity unavailable) and can signal the
+  worker (supervisor reachable): process tree and wall clock are unverified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import ClassVar
+
+import anyio
+from psych_sandbox_core import hookspecs
+from psych_sandbox_core.backend import (
+    Backend,
+    BackendOptions,
+    BackendUnavailable,
+    Launched,
+    LaunchRequest,
+)
+from psych_sandbox_core.channel import InheritedSocketChannel
+from psych_sandbox_core.errors import ConfigurationError
+from psych_sandbox_core.grading import Level, Mechanisms
+from psych_sandbox_core.host import child_environment
+from psych_sandbox_core.interpreter import (
+    InterpreterOptions,
+    resolve_environment,
+    resolve_interpreter,
+)
+from psych_sandbox_core.process import ExitStatus, ManagedProcess
+from psych_sandbox_core.workspace import create_workspace, remove_tree
+
+from .seatbelt import SeatbeltPolicy, generate
+
+#: Where macOS keeps sandbox-exec; not looked up on PATH, which the worker's caller controls.
+SANDBOX_EXEC = "/usr/bin/sandbox-exec"
+#: The platform this backend serves, as sys.platform names it.
+PLATFORM = "darwin"
+
+
+def requires_macos() -> str | None:
+    """Why this host cannot run the backend at all, or None on macOS."""
+    if sys.platform != PLATFORM:
+        return f"requires macOS (seatbelt); this host is {sys.platform}"
+    return None
+
+
+class MacosOptions(InterpreterOptions):
+    # interpreter: a path or a name on PATH (None: this process's own interpreter); or
+    # environment: a virtual environment or prefix whose own python runs.
+    #: The sandbox-exec executable.
+    sandbox_exec: str = SANDBOX_EXEC
+
+
+class MacosBackend(Backend):
+    id: ClassVar[str] = "macos"
+    Options: ClassVar[type[BackendOptions]] = MacosOptions
+    #: Never isolated: memory cannot be capped and the filesystem profile is a deny-list.
+    claims: ClassVar[Level] = Level.PROCESS
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        assert isinstance(options, MacosOptions)
+        self.settings = options
+        self.interpreter: str | None = None
+        self.read_roots: tuple[str, ...] = ()
+        if requires_macos() is not None:
+            # Installed on another platform: nothing to resolve; unavailable_reason says why.
+            return
+        runner = "the program"
+        if options.environment is not None:
+            environment = resolve_environment(
+                options.environment,
+                reachable_by_any_uid=False,
+                runner=runner,
+                bound_read_only=True,
+            )
+            self.interpreter = environment.executable
+            roots = [environment.root, *interpreter_prefixes(environment.base)]
+        else:
+            self.interpreter = resolve_interpreter(
+                options.interpreter,
+                reachable_by_any_uid=False,
+                candidates=[os.path.realpath(sys.executable)],
+                runner=runner,
+            )
+            roots = list(interpreter_prefixes(self.interpreter))
+        self.read_roots = tuple(dict.fromkeys(os.path.realpath(root) for root in roots))
+
+    def unavailable_reason(self) -> str | None:
+        reason = requires_macos()
+        if reason is not None:
+            return reason
+        if not os.access(self.settings.sandbox_exec, os.X_OK):
+            return f"{self.settings.sandbox_exec} is missing; it ships with macOS"
+        return None
+
+    @staticmethod
+    def mechanisms() -> Mechanisms:
+        return Mechanisms(
+            filesystem_confinement=True,
+            # Seatbelt's (deny network*): a kernel policy the program cannot lift.
+            network_namespace=True,
+            process_group=True,
+            # The worker's own account: it can signal the worker that holds its clock.
+            supervisor_reachable=True,
+            # RLIMIT_AS is accepted and not enforced on macOS.
+            address_space_rlimit=False,
+        )
+
+    def policy(self, workspace: str) -> SeatbeltPolicy:
+        real = os.path.realpath(workspace)
+        return SeatbeltPolicy(workspace=real, temp=real, read_roots=self.read_roots)
+
+    @asynccontextmanager
+    async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
+        reason = self.unavailable_reason()
+        if reason is not None or self.interpreter is None:
+            raise BackendUnavailable(reason or "no interpreter")
+        workspace = create_workspace()
+        channel = InheritedSocketChannel()
+        process: ManagedProcess | None = None
+        try:
+            profile = generate(self.policy(workspace))
+            argv = [
+                self.settings.sandbox_exec,
+                *profile.sandbox_exec_arguments(),
+                self.interpreter,
+                "-I",
+                "-u",
+                *request.bootstrap_command(self.interpreter),
+                f"channel={channel.child_spec}",
+                "probe=" + json.dumps(request.probe.as_json_object()),
+            ]
+            try:
+                process = await ManagedProcess.spawn(
+                    argv,
+                    env={**child_environment(workspace), **request.environment},
+                    cwd=workspace,
+                    pass_fds=channel.inherited_fds,
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise BackendUnavailable(f"sandbox-exec could not start: {exc}") from exc
+            channel.after_spawn()
+            launched = _Launched(process, channel, self.mechanisms())
+            launched.workspace_path = workspace
+            yield launched
+        finally:
+            # Shielded: a cancelled run must still reap, close and remove its workspace.
+            with anyio.CancelScope(shield=True):
+                if process is not None:
+                    process.signal_group(signal.SIGKILL)
+                    await process.aclose()
+                await channel.aclose()
+                await anyio.to_thread.run_sync(remove_tree, workspace)
+
+
+class _Launched(Launched):
+    def __init__(
+        self, process: ManagedProcess, channel: InheritedSocketChannel, mechanisms: Mechanisms
+    ) -> None:
+        self.process = process
+        self.channel = channel
+        self.mechanisms = mechanisms
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+
+    async def wait_exited(self) -> None:
+        await self.process.wait_exited()
+
+    async def terminate(self, grace_seconds: float) -> None:
+        await self.process.terminate(grace_seconds)
+
+    async def finish(self) -> ExitStatus:
+        return await self.process.kill_and_reap()
+
+
+def interpreter_prefixes(interpreter: str) -> tuple[str, ...]:
+    """The directories ``interpreter`` reads its standard library and packages from, which
+    the profile keeps readable even under a denied subtree (a home, say)."""
+    try:
+        completed = subprocess.run(
+            [
+                interpreter,
+                "-I",
+                "-S",
+                "-c",
+                "import sys; print(sys.prefix, sys.base_prefix, sys.base_exec_prefix, sep='\\n')",
+            ],
+            env={},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigurationError(
+            f"interpreter {interpreter} did not run to report its prefix: {exc}"
+        ) from exc
+    prefixes = [
+        os.path.realpath(line.strip())
+        for line in completed.stdout.decode("utf-8", "replace").splitlines()
+        if line.strip()
+    ]
+    prefixes.append(os.path.dirname(os.path.realpath(interpreter)))
+    return tuple(dict.fromkeys(prefixes))
+
+
+@hookspecs.hookimpl
+def psych_sandbox_register_backends(registry: hookspecs.BackendRegistrar) -> None:
+    registry.add(MacosBackend)

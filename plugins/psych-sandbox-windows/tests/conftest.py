@@ -1,0 +1,19 @@
+"""The windows backend's tests. What can be tested on any host (the Job Object layer against
+a recording fake, the token channel and the bootstrap, grades, refusals, registration) runs
+everywhere; what needs Windows runs there (CI)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# Helpers sit beside the tests; under --import-mode=importlib test directories are not put on
+# sys.path, so put this one there.
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
