@@ -172,33 +172,36 @@ async def _hold(
         assert prepared is not None
         prepared._finish(result)
 
+    # Nothing is raised across the harness's or the launch's context (a task group there
+    # would wrap it): why a child was not prepared is raised once both are left.
+    not_prepared: str | None = None
+    plan: ExecutionPlan | None = None
+    started = 0.0
     try:
         with scope:
             async with ProbeHarness().active() as harness:
                 try:
-                    launch = backend.launch(_launch_request(harness, launch_limits))
-                    async with launch as launched:
+                    async with backend.launch(_launch_request(harness, launch_limits)) as launched:
                         child = ChildDriver(launched, harness)
-                        await _prepared(child)
-                        prepared = PreparedChild()
-                        task_status.started(prepared)
-                        try:
-                            plan = await prepared._wait_for_plan(launched)
-                        finally:
-                            on_gone(prepared)
-                        if plan is None:
-                            await child.close_link()
-                            return
-                        given = True
-                        started = time.monotonic()
-                        child.cancelled = plan.cancel is not None and plan.cancel.is_set()
-                        await child.run(plan, started, early)
+                        not_prepared = await _prepared(child)
+                        if not_prepared is None:
+                            prepared = PreparedChild()
+                            task_status.started(prepared)
+                            plan = await _given(prepared, child, launched, on_gone)
+                        if plan is not None:
+                            given = True
+                            started = time.monotonic()
+                            child.cancelled = plan.cancel is not None and plan.cancel.is_set()
+                            await child.run(plan, started, early)
                 except BackendUnavailable as exc:
-                    if prepared is None:
-                        raise NotPrepared(str(exc)) from None
-                    raise
-                child.account_connections()
-            prepared._finish(await child.conclude(plan, started))
+                    if prepared is not None:
+                        raise
+                    not_prepared = str(exc)
+                if plan is not None:
+                    child.account_connections()
+            if plan is not None:
+                assert prepared is not None
+                prepared._finish(await child.conclude(plan, started))
     except Exception as exc:
         if prepared is None:
             raise
@@ -208,17 +211,36 @@ async def _hold(
     finally:
         if prepared is not None and not given:
             prepared._finish(None)  # it never got the program: run it elsewhere
+    if not_prepared is not None:
+        raise NotPrepared(not_prepared)
 
 
-async def _prepared(child: ChildDriver) -> None:
-    """Take a launched child to the graded state, or raise NotPrepared."""
+async def _prepared(child: ChildDriver) -> str | None:
+    """Take a launched child to the graded state; why it could not get there, or None."""
     try:
         await child.handshake()
     except StartupFailed as exc:
-        raise NotPrepared(str(exc)) from None
+        return str(exc)
     state = child.conversation.state
     if state is not State.GRADED:
-        raise NotPrepared(child.conversation.violation or f"the child ended in {state.value}")
+        return child.conversation.violation or f"the child ended in the {state.value} state"
+    return None
+
+
+async def _given(
+    prepared: PreparedChild,
+    child: ChildDriver,
+    launched: Launched,
+    on_gone: Callable[[PreparedChild], None],
+) -> ExecutionPlan | None:
+    """The program a prepared child is given, or None if it died waiting."""
+    try:
+        plan = await prepared._wait_for_plan(launched)
+    finally:
+        on_gone(prepared)
+    if plan is None:
+        await child.close_link()
+    return plan
 
 
 def _launch_request(harness: ProbeHarness, limits: ExecutionLimits) -> LaunchRequest:
