@@ -105,6 +105,8 @@ class PreparedChild:
         """Run ``plan`` on this child. None when the child was gone before it got the
         program (run it elsewhere); the result as soon as it is complete, which on a backend
         that allows it is before the child's teardown has finished."""
+        if self._assigned.is_set():
+            raise RuntimeError("a prepared child serves exactly one program")
         cancel = plan.cancel if plan.cancel is not None else anyio.Event()
         self._plan = dataclasses.replace(plan, cancel=cancel)
         self._assigned.set()

@@ -56,8 +56,14 @@ def call(call_id: int = 0) -> CallFrame:
 
 def result(outcome: str = "returned", value_json: str | None = None, **fields: Any) -> ResultFrame:
     return ResultFrame.model_validate(
-        {"type": "result", "outcome": outcome, "value_json": value_json, "error": None,
-         "detail": None, **fields}
+        {
+            "type": "result",
+            "outcome": outcome,
+            "value_json": value_json,
+            "error": None,
+            "detail": None,
+            **fields,
+        }
     )
 
 

@@ -243,6 +243,8 @@ async def test_a_prepared_child_is_graded_before_its_program_exists() -> None:
         result = await child.serve(plan())
     assert result is not None and result.error is None and result.return_value == 1
     assert backend.live == 0
+    with pytest.raises(RuntimeError, match="exactly one program"):
+        await child.serve(plan())
 
 
 @pytest.mark.parametrize("how", ["exits", "lies"])

@@ -46,8 +46,14 @@ def plan(**changes: Any) -> ExecutionPlan:
 
 def result(outcome: str = "returned", **fields: Any) -> ResultFrame:
     return ResultFrame.model_validate(
-        {"type": "result", "outcome": outcome, "value_json": None, "error": None,
-         "detail": None, **fields}
+        {
+            "type": "result",
+            "outcome": outcome,
+            "value_json": None,
+            "error": None,
+            "detail": None,
+            **fields,
+        }
     )
 
 
@@ -88,31 +94,45 @@ RAISED = ProgramError(type="ValueError", message="bad", traceback="tb", line=1, 
 @pytest.mark.parametrize(
     ("changes", "kind"),
     [
-        ({"backend_failure": ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, "x")},
-         ErrorKind.BACKEND_NOT_READY),
+        (
+            {"backend_failure": ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, "x")},
+            ErrorKind.BACKEND_NOT_READY,
+        ),
         ({"cancelled": True}, ErrorKind.CANCELLED),
-        ({"refusal": ExecutionFailure.of(ErrorKind.PROGRAM_REJECTED, "x")},
-         ErrorKind.PROGRAM_REJECTED),
+        (
+            {"refusal": ExecutionFailure.of(ErrorKind.PROGRAM_REJECTED, "x")},
+            ErrorKind.PROGRAM_REJECTED,
+        ),
         ({"violation": "bad frame"}, ErrorKind.PROTOCOL_ERROR),
         ({"startup_failure": "slow"}, ErrorKind.BACKEND_NOT_READY),
         ({"connections_during_run": 1}, ErrorKind.ISOLATION_UNAVAILABLE),
-        ({"grades": {**ALL_ENFORCED, Guarantee.NETWORK: Grade.UNAVAILABLE}},
-         ErrorKind.ISOLATION_UNAVAILABLE),
+        (
+            {"grades": {**ALL_ENFORCED, Guarantee.NETWORK: Grade.UNAVAILABLE}},
+            ErrorKind.ISOLATION_UNAVAILABLE,
+        ),
         ({"timed_out": True}, ErrorKind.TIMEOUT),
         ({"cpu_spent_with_host": True, "host_cpu_seconds": 2.5}, ErrorKind.TIMEOUT),
         ({"result": result("raised", error=RAISED)}, ErrorKind.EXCEPTION),
-        ({"result": result("raised", error=RAISED.model_copy(update={"type": "MemoryError"}))},
-         ErrorKind.MEMORY_LIMIT),
+        (
+            {"result": result("raised", error=RAISED.model_copy(update={"type": "MemoryError"}))},
+            ErrorKind.MEMORY_LIMIT,
+        ),
         ({"result": result("invalid_output", detail="set")}, ErrorKind.INVALID_OUTPUT),
         ({"result": result("output_limit")}, ErrorKind.OUTPUT_LIMIT),
-        ({"result": None, "status": status(failure_hint=(ErrorKind.MEMORY_LIMIT, "oom"))},
-         ErrorKind.MEMORY_LIMIT),
+        (
+            {"result": None, "status": status(failure_hint=(ErrorKind.MEMORY_LIMIT, "oom"))},
+            ErrorKind.MEMORY_LIMIT,
+        ),
         ({"result": None, "ran": False}, ErrorKind.WORKER_EXIT),
         ({"result": None, "status": status(None, signal.SIGXCPU)}, ErrorKind.TIMEOUT),
-        ({"result": None, "status": status(None, signal.SIGKILL, reaped_cpu_seconds=3.0)},
-         ErrorKind.TIMEOUT),
-        ({"result": None, "status": status(None, signal.SIGKILL, reaped_cpu_seconds=1.0)},
-         ErrorKind.WORKER_EXIT),
+        (
+            {"result": None, "status": status(None, signal.SIGKILL, reaped_cpu_seconds=3.0)},
+            ErrorKind.TIMEOUT,
+        ),
+        (
+            {"result": None, "status": status(None, signal.SIGKILL, reaped_cpu_seconds=1.0)},
+            ErrorKind.WORKER_EXIT,
+        ),
         ({"result": None, "status": status(None, signal.SIGABRT)}, ErrorKind.ABORT),
         ({"result": None, "status": status(3)}, ErrorKind.WORKER_EXIT),
         ({"result": None, "status": None}, ErrorKind.WORKER_EXIT),
@@ -125,11 +145,17 @@ def test_each_ending_has_its_kind(changes: dict[str, Any], kind: ErrorKind) -> N
 # Each entry outranks every one after it: the order is what makes an output untrustworthy
 # before what the program did.
 PRECEDENCE: list[tuple[str, dict[str, Any], ErrorKind]] = [
-    ("backend", {"backend_failure": ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, "x")},
-     ErrorKind.BACKEND_NOT_READY),
+    (
+        "backend",
+        {"backend_failure": ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, "x")},
+        ErrorKind.BACKEND_NOT_READY,
+    ),
     ("cancelled", {"cancelled": True}, ErrorKind.CANCELLED),
-    ("refusal", {"refusal": ExecutionFailure.of(ErrorKind.PROGRAM_REJECTED, "x")},
-     ErrorKind.PROGRAM_REJECTED),
+    (
+        "refusal",
+        {"refusal": ExecutionFailure.of(ErrorKind.PROGRAM_REJECTED, "x")},
+        ErrorKind.PROGRAM_REJECTED,
+    ),
     ("violation", {"violation": "v"}, ErrorKind.PROTOCOL_ERROR),
     ("startup", {"startup_failure": "s"}, ErrorKind.BACKEND_NOT_READY),
     ("network", {"connections_during_run": 2}, ErrorKind.ISOLATION_UNAVAILABLE),
@@ -223,12 +249,18 @@ def kept(**changes: Any) -> Preserved:
     capture = StreamCapture(100)
     capture.end()
     info = StreamOutput.model_validate(
-        {"total_bytes": 0, "captured_bytes": 0, "dropped_bytes": 0, "total_lines": 0,
-         "shown_bytes": 0, "omitted_bytes": 0, "omitted_lines": 0}
+        {
+            "total_bytes": 0,
+            "captured_bytes": 0,
+            "dropped_bytes": 0,
+            "total_lines": 0,
+            "shown_bytes": 0,
+            "omitted_bytes": 0,
+            "omitted_lines": 0,
+        }
     )
     preview = make_preview(capture, 100)
-    return Preserved(stdout=preview, stderr=preview, stdout_info=info, stderr_info=info,
-                     **changes)
+    return Preserved(stdout=preview, stderr=preview, stdout_info=info, stderr_info=info, **changes)
 
 
 def test_the_value_is_shown_only_without_a_failure() -> None:
@@ -252,7 +284,9 @@ def test_assembly_reports_grades_level_usage_and_calls() -> None:
     assert list(r.grades) == ["filesystem", "network"]  # in the guarantees' own order
     assert r.level == "none"
     assert (r.usage.cpu_seconds, r.usage.peak_memory_bytes, r.usage.measured_by) == (
-        1.25, 4096, "host"
+        1.25,
+        4096,
+        "host",
     )
     assert (r.usage.host_cpu_seconds, r.usage.wall_seconds) == (0.123457, 1.0)
     assert r.calls == [{"name": "t"}]
