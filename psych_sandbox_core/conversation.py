@@ -79,6 +79,8 @@ TRANSITIONS: Mapping[State, Mapping[str, State]] = {
     State.VIOLATED: {"end": State.VIOLATED},
 }
 
+_SENT = {kind: f"sent:{kind}" for kind in ("run", "abort", "reply")}
+
 #: States in which the channel is still read.
 LISTENING = frozenset({State.AWAITING_HELLO, State.RUNNING, State.COLLECTING_ARTIFACTS})
 
@@ -148,6 +150,10 @@ class Conversation:
 
     def __init__(self, mechanisms: Mechanisms, *, host_uid: int) -> None:
         self.state = State.AWAITING_HELLO
+        #: The current state's row of the table, and whether the channel is still read for
+        #: the program's frames: looked up once per change of state, not per frame.
+        self._allowed = TRANSITIONS[self.state]
+        self.listening = True
         self._mechanisms = mechanisms
         self._host_uid = host_uid
         self.hello: HelloFrame | None = None
@@ -168,14 +174,11 @@ class Conversation:
 
     def receive(self, frame: ChildFrame | None) -> list[Action]:
         """The child's next frame, or None when the channel ended."""
-        state = self.state
         if frame is None:
-            self.state = TRANSITIONS[state]["end"]
+            self._move("end")
             return [Close()]
         kind = frame.type
-        if state is State.DONE:
-            return self._violated(f"a frame of type {kind!r} after the result")
-        if kind not in TRANSITIONS[state]:
+        if kind not in self._allowed:
             return self._violated(self._unexpected(kind))
         if isinstance(frame, CallFrame):
             return [Answer(frame)]
@@ -186,7 +189,20 @@ class Conversation:
         assert isinstance(frame, (ArtifactFrame, ArtifactSkippedFrame))
         return self._artifact(frame)
 
+    def _move(self, key: str) -> None:
+        """Follow the table (the caller has checked that ``key`` is in the current row)."""
+        state = self._allowed[key]
+        if state is not self.state:
+            self._enter(state)
+
+    def _enter(self, state: State) -> None:
+        self.state = state
+        self._allowed = TRANSITIONS[state]
+        self.listening = state in LISTENING
+
     def _unexpected(self, kind: str) -> str:
+        if self.state is State.DONE:
+            return f"a frame of type {kind!r} after the result"
         if self.state is State.AWAITING_HELLO:
             return f"expected a hello frame first, got {kind!r}"
         if kind == "call" and self.state is State.COLLECTING_ARTIFACTS:
@@ -202,7 +218,7 @@ class Conversation:
             )
         self.grades = grade(self._mechanisms, hello.report, host_uid=self._host_uid)
         self.hello = hello
-        self.state = State.GRADED
+        self._move("hello")
         return []
 
     def _artifact(self, frame: ArtifactFrame | ArtifactSkippedFrame) -> list[Action]:
@@ -214,7 +230,7 @@ class Conversation:
             self.collector.receive(frame)
         except ProtocolViolation as exc:
             return self._violated(str(exc))
-        self.state = State.COLLECTING_ARTIFACTS
+        self._move(frame.type)
         return []
 
     def _result(self, frame: ResultFrame) -> list[Action]:
@@ -238,7 +254,7 @@ class Conversation:
         assert frame is not None and self.state in (State.RUNNING, State.COLLECTING_ARTIFACTS)
         self._pending = None
         self.result, self.value = frame, value
-        self.state = State.DONE
+        self._move("result")
         # A collecting run's channel is read to its end once every process is gone (the
         # driver holds it until then): files sent after the result are not taken.
         return [] if self.collector is not None else [Close()]
@@ -252,7 +268,8 @@ class Conversation:
 
     def _violated(self, message: str) -> list[Action]:
         self.violation = self.violation or message
-        self.state = State.VIOLATED
+        # Reachable from every state, like an error state: not a row of the table.
+        self._enter(State.VIOLATED)
         return [Close()]
 
     # ------------------------------------------------------------------ the host's side
@@ -298,20 +315,14 @@ class Conversation:
 
     def sent(self, frame: HostFrame) -> None:
         """A frame of ours went out (the run frame only now counts as given)."""
-        key = f"sent:{frame.type}"
-        allowed = TRANSITIONS[self.state]
-        if key not in allowed:
+        key = _SENT[frame.type]
+        if key not in self._allowed:
             if self.state is State.VIOLATED:
                 return  # a reply raced a violation the driver is about to act on
             raise AssertionError(f"host sent {frame.type!r} in the {self.state.value} state")
-        self.state = allowed[key]
-        if isinstance(frame, RunFrame):
+        self._move(key)
+        if key == "sent:run":
             self.ran = True
-
-    @property
-    def listening(self) -> bool:
-        """Whether the channel is still read for the program's frames."""
-        return self.state in LISTENING
 
     def reported_connections(self) -> int:
         """Loopback connections the child's own probe says it made."""
