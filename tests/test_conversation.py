@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -367,3 +368,28 @@ def test_any_sequence_of_child_inputs_keeps_the_invariants(steps: list[int], ref
         # A result is accepted only in the done state (and kept if a violation follows).
         if c.result is not None:
             assert c.state in (State.DONE, State.VIOLATED)
+
+
+@pytest.mark.parametrize("module", ["conversation", "outcome"])
+def test_the_conversation_and_the_outcome_do_no_io(module: str) -> None:
+    """Judged from the source: nothing awaits, and nothing that does I/O or reads a clock is
+    imported (a driver, a remote transport and a test drive the same objects)."""
+    import ast
+    from importlib import import_module
+
+    source = Path(import_module(f"psych_sandbox_core.{module}").__file__ or "").read_text()
+    tree = ast.parse(source)
+    asynchronous = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.AsyncFunctionDef, ast.Await, ast.AsyncFor, ast.AsyncWith))
+    ]
+    assert asynchronous == []
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            imported.add(node.module.split(".")[0])
+    doing_io = {"anyio", "asyncio", "trio", "socket", "os", "time", "subprocess", "threading"}
+    assert imported & doing_io == set()
