@@ -213,7 +213,6 @@ class Sandbox:
             blob_store=self.blob_store if bindings is not None else None,
             search=self._search,
         )
-        tools = calls.offered
         plan = ExecutionPlan(
             source=source,
             limits=limits,
@@ -223,8 +222,6 @@ class Sandbox:
             required_level=terms.required_level,
             network_allowed=terms.network,
             refusal=refusal,
-            tools=tools,
-            bindings=bindings,
             calls=calls,
             cancel=cancel,
             output=self._output_context(

@@ -1,6 +1,7 @@
 """Test-time helpers for backends: host-side probes (:mod:`.host`), running a host as an
-unprivileged user (:mod:`.as_user`) and the behaviour suite every backend must pass
-(:mod:`.conformance`, which needs pytest: install ``psych-sandbox-core[test]``).
+unprivileged user (:mod:`.as_user`), the behaviour suite every backend must pass
+(:mod:`.conformance`, which needs pytest: install ``psych-sandbox-core[test]``) and a test
+double of the launch contract whose child is a coroutine (:mod:`.fake_backend`).
 
 Nothing here is imported by the core at run time.
 """

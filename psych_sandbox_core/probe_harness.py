@@ -1,0 +1,76 @@
+"""Host-side evidence for one execution: a canary file outside any workspace and loopback
+listeners on both address families, counting every connection they see. What the child's
+probe reaches here is judged by the host, never taken from the child's own report."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from anyio.abc import Listener, SocketStream
+
+from .backend import ProbeTargets
+from .temp_dirs import CANARY_PREFIX, make_directory
+
+
+class ProbeHarness:
+    """Host-side evidence for one execution: a canary outside any workspace and loopback
+    listeners on both address families that count every connection they see."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self._dir: str | None = None
+        self._listeners: list[Listener[SocketStream]] = []
+        self.targets: ProbeTargets | None = None
+
+    @asynccontextmanager
+    async def active(self) -> AsyncIterator[ProbeHarness]:
+        self._dir = make_directory(CANARY_PREFIX)
+        try:
+            os.chmod(self._dir, 0o755)
+            canary = os.path.join(self._dir, "canary")
+            with open(canary, "w") as fh:
+                fh.write("psych-sandbox canary: reading this proves filesystem exposure\n")
+            # World-readable on purpose: only a real filesystem boundary can hide it.
+            os.chmod(canary, 0o644)
+            ports: dict[str, int | None] = {"4": None, "6": None}
+            async with anyio.create_task_group() as tg:
+                for family, host in (("4", "127.0.0.1"), ("6", "::1")):
+                    try:
+                        listener: Listener[SocketStream] = await anyio.create_tcp_listener(
+                            local_host=host,
+                            local_port=0,
+                            family=(socket.AF_INET if family == "4" else socket.AF_INET6),
+                        )
+                    except OSError:
+                        continue  # no such address family on this host: nothing to reach
+                    self._listeners.append(listener)
+                    ports[family] = listener.extra(anyio.abc.SocketAttribute.local_port)
+                    tg.start_soon(self._count, listener)
+                self.targets = ProbeTargets(
+                    canary_path=canary, port4=ports["4"], port6=ports["6"], host_pid=os.getpid()
+                )
+                try:
+                    yield self
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            # Shielded: on cancellation the listeners still close and the canary is removed.
+            with anyio.CancelScope(shield=True):
+                for listener in self._listeners:
+                    await listener.aclose()
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    async def _count(self, listener: Listener[SocketStream]) -> None:
+        async def on_connection(stream: SocketStream) -> None:
+            self.connections += 1
+            await stream.aclose()
+
+        try:
+            await listener.serve(on_connection)
+        except anyio.ClosedResourceError:
+            return
