@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import anyio
 
-from .preservation import OutputContext
 from .bindings import CallServer
 from .grading import Level
+from .preservation import OutputContext
 from .result import BackendIdentity, ExecutionFailure
 from .terms import ExecutionLimits
 

@@ -87,7 +87,7 @@ async def test_binding_calls_are_answered_in_order() -> None:
     result = await execute(FakeBackend(script), plan(calls=calls))
     assert result.error is None
     assert [r.value_json for r in replies if isinstance(r, ReplyFrame)] == ["3", "7"]
-    assert [c["name"] for c in result.calls] == ["add", "add"]
+    assert [c.name for c in result.calls] == ["add", "add"]
 
 
 async def test_a_call_out_of_order_is_a_protocol_error_and_the_child_is_killed() -> None:

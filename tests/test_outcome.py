@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from psych_sandbox_core.preservation import Preserved
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.grading import Grade, Guarantee, Level
 from psych_sandbox_core.outcome import (
@@ -22,6 +21,7 @@ from psych_sandbox_core.outcome import (
 )
 from psych_sandbox_core.output import StreamCapture, make_preview
 from psych_sandbox_core.plan import ExecutionPlan
+from psych_sandbox_core.preservation import Preserved
 from psych_sandbox_core.process import ExitStatus
 from psych_sandbox_core.protocol import ProgramError, ResultFrame
 from psych_sandbox_core.protocol.limits import MAX_SOURCE_BYTES
@@ -272,12 +272,15 @@ def test_the_value_is_shown_only_without_a_failure() -> None:
     assert assemble(h, failure, kept()).return_value is None
 
 
+CALL = {"name": "t", "outcome": "ok", "carries": "value", "argument_bytes": 2, "result_bytes": 1}
+
+
 def test_assembly_reports_grades_level_usage_and_calls() -> None:
     h = happened(
         usage=(1.25, 4096),
         host_cpu_seconds=0.1234567,
         wall_seconds=1.0000004,
-        calls=[{"name": "t"}],
+        calls=[CALL],
         grades={Guarantee.NETWORK: Grade.ENFORCED, Guarantee.FILESYSTEM: Grade.UNVERIFIED},
     )
     r = assemble(h, None, kept())
@@ -289,6 +292,6 @@ def test_assembly_reports_grades_level_usage_and_calls() -> None:
         "host",
     )
     assert (r.usage.host_cpu_seconds, r.usage.wall_seconds) == (0.123457, 1.0)
-    assert r.calls == [{"name": "t"}]
+    assert [call.model_dump() for call in r.calls] == [CALL]
     unmeasured = assemble(happened(usage=None), None, kept())
     assert unmeasured.usage.measured_by == "none" and unmeasured.usage.host_cpu_seconds == 0.0
