@@ -666,6 +666,7 @@ async def _converse(
             RunFrame(
                 source=plan.source,
                 tools=calls.offered,
+                catalogue=calls.catalogue(),
                 limits=ChildLimits(
                     cpu_seconds=plan.limits.cpu_seconds,
                     memory_bytes=plan.limits.memory_bytes,

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .artifacts import SkippedEntry
 from .attachments import ArtifactInfo, Attachment
-from .errors import GUIDANCE, ErrorKind
+from .errors import EXCEPTION_GUIDANCE, GUIDANCE, ErrorKind
 
 
 class ExecutionFailure(BaseModel):
@@ -28,7 +28,10 @@ class ExecutionFailure(BaseModel):
 
     @classmethod
     def of(cls, kind: ErrorKind, message: str, **extra: Any) -> ExecutionFailure:
-        return cls(kind=kind, message=message, guidance=GUIDANCE[kind], **extra)
+        guidance = GUIDANCE[kind]
+        if kind is ErrorKind.EXCEPTION:
+            guidance = EXCEPTION_GUIDANCE.get(extra.get("exception_type") or "", guidance)
+        return cls(kind=kind, message=message, guidance=guidance, **extra)
 
 
 class StreamOutput(BaseModel):
