@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Strict
 
 from .protocol.frames import ContainmentReport
 
@@ -53,6 +54,10 @@ class Level(str, enum.Enum):
     PROCESS = "process"
     NONE = "none"
 
+
+#: A Level as configuration gives it, in strict models too: the enum or its value as a plain
+#: str ("isolated"), the same in Python as in TOML.
+LevelSetting = Annotated[Level, Strict(False)]
 
 _LEVEL_ORDER = {Level.NONE: 0, Level.PROCESS: 1, Level.ISOLATED: 2}
 
@@ -153,9 +158,9 @@ def _no_capabilities(mask: str | None) -> bool:
         return False
 
 
-def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -> dict[
-    Guarantee, Grade
-]:
+def grade(
+    mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int
+) -> dict[Guarantee, Grade]:
     """Grade each guarantee from what the backend applied and what the child observed.
 
     Evidence is asymmetric: evidence of exposure always wins (unavailable), evidence of
@@ -175,9 +180,7 @@ def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -
 
     # Network: a connection, or an interface that is up, proves exposure.
     network = report.network
-    exposed = (
-        "connected" in (network.ipv4, network.ipv6) or bool(network.interfaces_up)
-    )
+    exposed = "connected" in (network.ipv4, network.ipv6) or bool(network.interfaces_up)
     probed = network.ipv4 != "skipped" and network.ipv6 != "skipped"
     if exposed:
         grades[Guarantee.NETWORK] = Grade.UNAVAILABLE
@@ -227,16 +230,20 @@ def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -
     rlimit = Grade.UNVERIFIED if mechanisms.rlimits else Grade.UNAVAILABLE
     grades[Guarantee.CPU] = rlimit if _limit(report, "CPU") is not None else Grade.UNAVAILABLE
     memory = Grade.ENFORCED if mechanisms.memory_cgroup else rlimit
-    grades[Guarantee.MEMORY] = memory if (
-        mechanisms.memory_cgroup or _limit(report, "AS") is not None
-    ) else Grade.UNAVAILABLE
-    grades[Guarantee.FILE_SIZE] = rlimit if _limit(report, "FSIZE") is not None else (
-        Grade.UNAVAILABLE
+    grades[Guarantee.MEMORY] = (
+        memory
+        if (mechanisms.memory_cgroup or _limit(report, "AS") is not None)
+        else Grade.UNAVAILABLE
+    )
+    grades[Guarantee.FILE_SIZE] = (
+        rlimit if _limit(report, "FSIZE") is not None else (Grade.UNAVAILABLE)
     )
     pids = Grade.ENFORCED if mechanisms.pids_cgroup else rlimit
-    grades[Guarantee.PROCESS_COUNT] = pids if (
-        mechanisms.pids_cgroup or _limit(report, "NPROC") is not None
-    ) else Grade.UNAVAILABLE
+    grades[Guarantee.PROCESS_COUNT] = (
+        pids
+        if (mechanisms.pids_cgroup or _limit(report, "NPROC") is not None)
+        else Grade.UNAVAILABLE
+    )
 
     # A program that can stop its supervisor can stop the clock that was to kill it.
     if not mechanisms.wall_clock:
