@@ -233,22 +233,157 @@ class Channel:
             raise SystemExit("psych-sandbox bootstrap: malformed host frame")
         return frame
 
+    # Calls. Several may be in flight (from tasks, gathers, threads), up to the limit the run
+    # frame gives; beyond it a call waits here, in order, for a reply to free a place.
+    # Replies are read by one thread of ours and handed to each call's waiter by id, so a
+    # call waits on its own reply without holding the channel or an event loop. That thread
+    # never writes and never waits on a writer, so a writer blocked on a full socket (the
+    # host busy writing a large reply) cannot stop the replies that unblock it.
+
+    def start_calls(self, limit):
+        self.in_flight_limit = limit if isinstance(limit, int) and limit > 0 else 16
+        self.in_flight = 0
+        self.waiters = {}  # call id -> deliver(reply)
+        self.granting = []  # grant() of each call waiting for a place, in order
+        self.state = _thread.allocate_lock()  # guards the three above; held only briefly
+        self.reading = False
+        self.settled = None  # released when the last call in flight has its reply
+
+    def wait_for_replies(self):
+        """Return once every call sent has its reply, even those the program stopped waiting
+        for: a host that answers one call at a time reads the result only after answering
+        the calls before it, and must find this process there to take those replies."""
+        with self.state:
+            if not getattr(self, "waiters", None):
+                return
+            self.settled = _thread.allocate_lock()
+            self.settled.acquire()
+        self.settled.acquire()
+
     def call(self, name, arguments_json):
-        # Claim, write and advance under one lock: threads may call concurrently, and an id
-        # is spent only once its frame was written.
+        """One call from a thread with no event loop running: block until its reply."""
+        place = _thread.allocate_lock()
+        place.acquire()
+        if not self._take_place(place.release):
+            place.acquire()
+        done = _thread.allocate_lock()
+        done.acquire()
+        replies = []
+
+        def deliver(reply):
+            replies.append(reply)
+            done.release()
+
+        self._send(name, arguments_json, deliver)
+        done.acquire()
+        return _reply_value(replies[0])
+
+    async def call_async(self, name, arguments_json, loop):
+        """One call from a coroutine on ``loop``, which runs on while the call is in flight.
+        A call cancelled while it waits (wait_for, a cancelled task) stops waiting; its reply
+        is dropped when it comes."""
+        granted = loop.create_future()
+
+        def grant():
+            try:
+                loop.call_soon_threadsafe(_grant, self, granted)
+            except RuntimeError:
+                self._release_place()  # the loop is closed: nobody will use the place
+
+        if not self._take_place(grant):
+            try:
+                await granted
+            except BaseException:
+                if granted.done() and not granted.cancelled():
+                    self._release_place()  # granted, then cancelled before it was used
+                raise
+        future = loop.create_future()
+
+        def deliver(reply):
+            try:
+                loop.call_soon_threadsafe(_settle, future, reply)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits for this reply any more
+
+        self._send(name, arguments_json, deliver)
+        return _reply_value(await future)
+
+    def _take_place(self, grant):
+        """Take a place among the calls in flight (True), or queue ``grant`` to be called
+        when one is handed over (False)."""
+        with self.state:
+            if self.in_flight < self.in_flight_limit:
+                self.in_flight += 1
+                return True
+            self.granting.append(grant)
+            return False
+
+    def _release_place(self):
+        with self.state:
+            if self.granting:
+                self.granting.pop(0)()  # handed straight over: the count stays
+            else:
+                self.in_flight -= 1
+
+    def _send(self, name, arguments_json, deliver):
+        # Claim, write and advance under one lock: an id is spent only once its frame was
+        # written, and ids go out consecutively whichever thread writes them.
         with self.lock:
             call_id = self.next_id
-            self._send_call(call_id, name, arguments_json)
+            with self.state:
+                self.waiters[call_id] = deliver  # before the write: the reply may come at once
+            try:
+                self._send_call(call_id, name, arguments_json)
+            except BaseException:
+                with self.state:
+                    del self.waiters[call_id]
+                self._release_place()
+                raise
             self.next_id = call_id + 1
-            reply = self.receive()
-        if reply.get("type") != "reply" or reply.get("id") != call_id:
-            raise SystemExit("psych-sandbox bootstrap: reply out of order")
-        carries = reply.get("carries")
-        if carries == "value":
-            return json_loads(reply["value_json"])
-        if carries == "handle":
-            return ToolResultHandle(reply["handle"])
-        raise ToolError(reply.get("error_kind") or "tool_error", reply.get("message") or "")
+            if not self.reading:
+                self.reading = True
+                _thread.start_new_thread(self._read_replies, ())
+
+    def _read_replies(self):
+        try:
+            while True:
+                reply = self.receive()
+                if reply.get("type") != "reply":
+                    raise SystemExit("psych-sandbox bootstrap: unexpected host frame")
+                with self.state:
+                    deliver = self.waiters.pop(reply.get("id"), None)
+                    if not self.waiters and self.settled is not None:
+                        self.settled.release()
+                        self.settled = None
+                if deliver is None:
+                    raise SystemExit("psych-sandbox bootstrap: a reply to no call in flight")
+                deliver(reply)
+                self._release_place()
+        except BaseException:
+            # The channel closed or broke: the host is gone or ending this execution, and a
+            # call waiting for its reply would wait for ever. The process goes too.
+            os._exit(1)
+
+
+def _grant(channel, granted):
+    if granted.cancelled():
+        channel._release_place()  # its call was cancelled while it waited for the place
+    else:
+        granted.set_result(None)
+
+
+def _settle(future, reply):
+    if not future.done():
+        future.set_result(reply)
+
+
+def _reply_value(reply):
+    carries = reply.get("carries")
+    if carries == "value":
+        return json_loads(reply["value_json"])
+    if carries == "handle":
+        return ToolResultHandle(reply["handle"])
+    raise ToolError(reply.get("error_kind") or "tool_error", reply.get("message") or "")
 
 
 # ------------------------------------------------------------------ probing
@@ -852,6 +987,17 @@ class _ToolCall:
     __int__ = __float__ = __index__ = __call__ = _misused
 
 
+def _running_loop():
+    """The asyncio loop running in this thread, if any (without importing asyncio)."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return None
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def _make_namespace(channel, tools, argument_bytes, catalogue=None):
     import builtins
 
@@ -892,7 +1038,10 @@ def _make_namespace(channel, tools, argument_bytes, catalogue=None):
                 f"the arguments are {size} bytes as JSON, over the per-call budget of "
                 f"{argument_bytes} bytes",
             )
-        return channel.call(name, encoded)
+        loop = _running_loop()
+        if loop is None:
+            return channel.call(name, encoded)
+        return await channel.call_async(name, encoded, loop)
 
     def call_tool(name, arguments=None):
         what = f"call_tool({name!r}, ...)" if isinstance(name, str) else "call_tool(...)"
@@ -984,6 +1133,7 @@ def run_program(channel, frame):
     argument_bytes = limits.get("argument_bytes")
     if not isinstance(argument_bytes, int) or argument_bytes <= 0:
         argument_bytes = MAX_CHILD_FRAME_BYTES - 1 - CALL_FRAME_ENVELOPE_BYTES
+    channel.start_calls(limits.get("calls_in_flight"))
     namespace = _make_namespace(channel, tools, argument_bytes, frame.get("catalogue"))
     try:
         code, is_async = build_program(frame["source"])
@@ -1618,6 +1768,7 @@ def main(argv):
         if request:
             send_artifacts(channel, request, workspace)
         channel.send(frame)
+    channel.wait_for_replies()
     # Threads the program left running must not hold the process open after its result.
     os._exit(0)
 

@@ -674,6 +674,7 @@ async def _converse(
                     processes=plan.limits.processes,
                     return_value_bytes=plan.limits.return_value_bytes,
                     argument_bytes=argument_bytes,
+                    calls_in_flight=calls.budgets.calls_in_flight,
                 ),
                 artifacts=None if state.artifacts is None else state.artifacts.request,
                 end_marker=end_marker,

@@ -468,3 +468,72 @@ def test_a_child_imports_asyncio_only_while_it_waits_idle_for_its_program(
     )
     waiting = b'{"type":"run"}\n' if state == "program-waiting" else b""
     assert done.stdout.split() == [str(prepared), str(prepared), repr(waiting)]
+
+
+# ---------------------------------------------------------------- calls in flight
+
+
+def in_flight_deployment(calls_in_flight: int) -> DeploymentConfig:
+    return DeploymentConfig(
+        profiles={
+            PROFILE: ProfileConfig(
+                backend="subprocess",
+                limits=LIMITS,
+                budgets=psych_sandbox_core.BindingBudgets(calls_in_flight=calls_in_flight),
+            )
+        }
+    )
+
+
+async def test_calls_beyond_the_limit_in_flight_wait_their_turn_in_order() -> None:
+    async with Sandbox(in_flight_deployment(2)) as sandbox:
+        result = await sandbox.run(
+            "import asyncio\nawait asyncio.gather(*[add(i, 100) for i in range(12)])",
+            profile=PROFILE,
+            bindings=FunctionBindings(TOOLS),
+        )
+    assert result.error is None, result.error
+    assert result.return_value == [i + 100 for i in range(12)]
+    # The host accepts only exact successors: twelve accepted calls are ids 0..11.
+    assert [c["outcome"] for c in result.calls] == ["ok"] * 12
+
+
+async def test_a_call_cancelled_while_it_waits_for_a_place_is_never_sent() -> None:
+    async with Sandbox(in_flight_deployment(1)) as sandbox:
+        result = await sandbox.run(
+            """
+import asyncio
+first = asyncio.create_task(add(1, 2))
+second = asyncio.create_task(search("never"))
+await asyncio.sleep(0)  # both start: the first takes the one place, the second waits
+second.cancel()
+third = await add(3, 4)
+return await first, second.cancelled(), third
+""",
+            profile=PROFILE,
+            bindings=FunctionBindings(TOOLS),
+        )
+    assert result.error is None, result.error
+    assert result.return_value == [3, True, 7]
+    assert [c["name"] for c in result.calls] == ["add", "add"]
+
+
+async def test_a_call_that_times_out_in_the_program_no_longer_blocks_it() -> None:
+    # The program stops waiting at its own deadline: its event loop is not held by the call
+    # (which the host still finishes; cancelling it on the host needs a cancel frame).
+    async def slow() -> str:
+        await anyio.sleep(2)
+        return "late"
+
+    result = await run(
+        """
+import asyncio
+try:
+    return await asyncio.wait_for(slow(), 0.05)
+except TimeoutError:
+    return "timed out"
+""",
+        FunctionBindings({"slow": slow}),
+    )
+    assert result.error is None, result.error
+    assert result.return_value == "timed out"

@@ -165,6 +165,8 @@ class ChildLimits(Frame):
     #: channel's ceiling). The child refuses larger arguments itself: a call frame longer
     #: than this plus its envelope is a protocol violation, refused by its length.
     argument_bytes: Annotated[int, Field(gt=0)] | None = None
+    #: Calls the program may have in flight at once (None: the child's default, 16).
+    calls_in_flight: Annotated[int, Field(gt=0)] | None = None
 
 
 class ArtifactRequest(Frame):
