@@ -4,7 +4,8 @@ The core imports no tool registry. The embedder implements :class:`BindingProvid
 asked at the start of every execution for the tools callable right now, and every call the
 program makes is answered through it by a :class:`CallServer`, which enforces the budgets
 (budgets.py), counts each accepted call in the run log (runlog.py) before the tool runs, and
-pages a result too large to hand over whole through the blob store (paging.py). A paged result
+pages a result too large to hand over whole through the blob store (paging.py). The tools are
+described to the program (TOOLS, list_tools, get_tool_info) by catalogue.py. A paged result
 is paid for in full from the execution's byte budget before it is stored, and the CPU of a
 pattern search from its CPU budget (host_work.py).
 """
@@ -32,7 +33,13 @@ from .budgets import BindingBudgets, ExecutionMeter
 from .catalogue import LOOKUPS, Catalogue, CatalogueError, ToolSpec, spec_from_function
 from .errors import ConfigurationError, ProtocolViolation
 from .host_work import HostWork
-from .paging import DEFAULT_WINDOW_CHARS, PagingError, SearchSettings, read
+from .paging import (
+    DEFAULT_MAX_MATCHES,
+    DEFAULT_WINDOW_CHARS,
+    PagingError,
+    SearchSettings,
+    read,
+)
 from .protocol import CallFrame, ReplyFrame
 from .protocol.codec import collector_paused
 from .protocol.frames import CatalogueEntry
@@ -63,7 +70,7 @@ _READ_PROPERTIES: dict[str, Any] = {
     "length": {"type": "integer", "default": DEFAULT_WINDOW_CHARS},
     "pattern": {"type": "string"},
     "ignore_case": {"type": "boolean", "default": False},
-    "max_matches": {"type": "integer", "default": 100},
+    "max_matches": {"type": "integer", "default": DEFAULT_MAX_MATCHES},
 }
 _BUILTIN_SPECS = {
     READ_TOOL_OUTPUT: ToolSpec(
