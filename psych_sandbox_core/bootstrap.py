@@ -264,7 +264,12 @@ class Channel:
         """One call from a thread with no event loop running: block until its reply."""
         place = _thread.allocate_lock()
         place.acquire()
-        if not self._take_place(place.release):
+
+        def grant():
+            place.release()
+            return True
+
+        if not self._take_place(grant):
             place.acquire()
         done = _thread.allocate_lock()
         done.acquire()
@@ -288,7 +293,8 @@ class Channel:
             try:
                 loop.call_soon_threadsafe(_grant, self, granted)
             except RuntimeError:
-                self._release_place()  # the loop is closed: nobody will use the place
+                return False  # the loop is closed: nobody will use the place
+            return True
 
         if not self._take_place(grant):
             try:
@@ -310,7 +316,7 @@ class Channel:
 
     def _take_place(self, grant):
         """Take a place among the calls in flight (True), or queue ``grant`` to be called
-        when one is handed over (False)."""
+        when one is handed over (False); ``grant()`` says whether its call took it."""
         with self.state:
             if self.in_flight < self.in_flight_limit:
                 self.in_flight += 1
@@ -319,11 +325,16 @@ class Channel:
             return False
 
     def _release_place(self):
-        with self.state:
-            if self.granting:
-                self.granting.pop(0)()  # handed straight over: the count stays
-            else:
-                self.in_flight -= 1
+        # Handed straight over to the first waiting call that can still take it (the count
+        # stays); called outside the lock, since a grant may have to release in turn.
+        while True:
+            with self.state:
+                if not self.granting:
+                    self.in_flight -= 1
+                    return
+                grant = self.granting.pop(0)
+            if grant():
+                return
 
     def _send(self, name, arguments_json, deliver):
         # Claim, write and advance under one lock: an id is spent only once its frame was

@@ -156,6 +156,9 @@ class Catalogue:
     def __init__(self, specs: Sequence[ToolSpec]) -> None:
         self._specs = {spec.name: spec for spec in specs}
         self._order = [spec.name for spec in specs]
+        # What a query is matched against (name and the description's head, lower-cased),
+        # built at the first query: every query then costs the same, whatever the tools say.
+        self._haystacks: list[tuple[str, ToolSpec]] | None = None
 
     def entries(self) -> list[CatalogueEntry]:
         """What the run frame carries for each tool, in order. Bounded: past
@@ -208,11 +211,12 @@ class Catalogue:
                 "invalid_arguments", f"limit must be an int from 1 to {MAX_LIST_LIMIT}"
             )
         words = (query or "").lower().split()
-        matching = [
-            spec
-            for spec in (self._specs[n] for n in self._order)
-            if all(word in f"{spec.name}\n{spec.description}".lower() for word in words)
-        ]
+        if self._haystacks is None:
+            self._haystacks = [
+                (f"{spec.name}\n{spec.description[:MAX_CATALOGUE_DESCRIPTION_CHARS]}".lower(), spec)
+                for spec in (self._specs[name] for name in self._order)
+            ]
+        matching = [spec for text, spec in self._haystacks if all(w in text for w in words)]
         page = matching[offset : offset + limit]
         end = offset + len(page)
         return {
@@ -241,7 +245,7 @@ class Catalogue:
             )
         return {
             "name": spec.name,
-            "description": spec.description,
+            "description": _clip(spec.description, MAX_DESCRIPTION_CHARS),
             "input_schema": spec.input_schema,
         }
 

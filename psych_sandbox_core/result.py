@@ -148,11 +148,9 @@ class ExecutionResult(BaseModel):
         the program's own traceback and guidance; where something was cut, how to read the
         rest (``reader``: the binding a later program reads an output through, None to name
         only the handle). Grades, digests and usage stay on the full result."""
-        return _model_view(self, max(max_chars, _MIN_VIEW_CHARS), reader)
-
-
-#: The smallest view for_model makes: room for the status line and one cut marker.
-_MIN_VIEW_CHARS = 200
+        if max_chars < 1:
+            raise ValueError("max_chars must be at least 1")
+        return _model_view(self, max_chars, reader)
 
 
 @dataclass

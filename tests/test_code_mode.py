@@ -385,6 +385,8 @@ async def test_for_model_is_bounded_and_keeps_what_the_model_needs() -> None:
     assert "bootstrap" not in view
     assert result.error is not None and result.error.guidance[:40] in view
     assert "stdout cut" in view
+    for size in (1, 40, 300, 100_000):
+        assert len(result.for_model(max_chars=size)) <= size
     ok = (await run("print('hello')\n{'answer': 42}")).for_model()
     assert ok == 'ok\nstdout:\nhello\nreturned:\n{"answer": 42}'
 
