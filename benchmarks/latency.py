@@ -9,7 +9,10 @@ For each available backend it prints:
   ready, waited for, not guessed) — each child still runs exactly one program;
 - sustained: the same warm profile driven back to back, as executions per second;
 - where a backend names one (`bare_command()`), the bare equivalent of its own start-up
-  (e.g. `docker run` of the same image) measured in the same run.
+  (e.g. `docker run` of the same image) measured in the same run;
+- the same, cold and warm, for a program that awaits (`await asyncio.sleep(0)`) and for a
+  code-mode program (20 no-op binding calls under `asyncio.gather`), each also as a ratio to
+  the program that does not await.
 
     python benchmarks/latency.py [--runs N] [--backend ID ...]
 """
@@ -25,11 +28,27 @@ from collections.abc import Sequence
 
 import anyio
 
-from psych_sandbox_core import DeploymentConfig, ProfileConfig, Sandbox
+from psych_sandbox_core import DeploymentConfig, FunctionBindings, ProfileConfig, Sandbox
 from psych_sandbox_core.registry import BackendRegistry
 from psych_sandbox_core.trials import trial
 
 PROGRAM = "print(2+2)"
+#: Programs compared with PROGRAM: each prints 4 too.
+AWAITING = {
+    "await": "import asyncio\nawait asyncio.sleep(0)\nprint(2+2)",
+    "code mode": (
+        "import asyncio\n"
+        "replies = await asyncio.gather(*[noop() for _ in range(20)])\n"
+        "print(2 + 2 if replies == [None] * 20 else replies)"
+    ),
+}
+
+
+async def noop() -> None:
+    return None
+
+
+BINDINGS = FunctionBindings({"noop": noop})
 
 
 def time_command(argv: Sequence[str]) -> float:
@@ -38,9 +57,9 @@ def time_command(argv: Sequence[str]) -> float:
     return time.perf_counter() - started
 
 
-async def time_run(sandbox: Sandbox, profile: str) -> float:
+async def time_run(sandbox: Sandbox, profile: str, program: str = PROGRAM) -> float:
     started = time.perf_counter()
-    result = await sandbox.run(PROGRAM, profile=profile)
+    result = await sandbox.run(program, profile=profile, bindings=BINDINGS)
     elapsed = time.perf_counter() - started
     if result.error is not None or result.stdout != "4\n":
         raise SystemExit(f"{profile}: unexpected result {result.error}")
@@ -62,11 +81,16 @@ async def measure(backend_id: str, runs: int) -> None:
         await time_run(sandbox, "cold")
         await time_run(sandbox, "warm")
         floor, cold, warm, bare = [], [], [], []
+        awaiting: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in AWAITING}
         for _ in range(runs):
             floor.append(time_command(floor_argv))
             cold.append(await time_run(sandbox, "cold"))
             await sandbox.warmed("warm")  # low load: the next child is ready
             warm.append(await time_run(sandbox, "warm"))
+            for name, program in AWAITING.items():
+                awaiting[name][0].append(await time_run(sandbox, "cold", program))
+                await sandbox.warmed("warm")
+                awaiting[name][1].append(await time_run(sandbox, "warm", program))
             if bare_command is not None:
                 bare.append(time_command(bare_command()))
         started = time.perf_counter()
@@ -80,6 +104,13 @@ async def measure(backend_id: str, runs: int) -> None:
     print(f"{backend_id}:   cold       median {c * 1e3:7.2f} ms   ratio {c / f:5.2f}x")
     print(f"{backend_id}:   warm       median {w * 1e3:7.2f} ms   ratio {w / f:5.2f}x (low load)")
     print(f"{backend_id}:   sustained  {rate:7.1f} executions/s back to back (warm = 1)")
+    for name, (cold_times, warm_times) in awaiting.items():
+        ac, aw = statistics.median(cold_times), statistics.median(warm_times)
+        print(
+            f"{backend_id}:   {name:10} cold {ac * 1e3:7.2f} ms ({ac / f:5.2f}x floor, "
+            f"{ac / c:4.2f}x print)   warm {aw * 1e3:7.2f} ms ({aw / f:5.2f}x floor, "
+            f"{aw / w:4.2f}x print)"
+        )
     if bare:
         b = statistics.median(bare)
         print(f"{backend_id}:   bare equivalent start-up median {b * 1e3:7.2f} ms ({b / f:5.2f}x)")

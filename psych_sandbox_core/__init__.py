@@ -15,7 +15,18 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .bindings import BindingProvider, FunctionBindings, ToolCallError, ToolSpec
+    from .attachments import AttachmentDenied
+    from .bindings import (
+        BindingProvider,
+        CallErrorKind,
+        FunctionBindings,
+        ToolCallError,
+        ToolSpec,
+        load_function_tools,
+    )
+    from .blobstore import BlobAddress, BlobStore, FilesystemBlobStore
+    from .budgets import BindingBudgets
+    from .catalogue import describe_tools, spec_from_function
     from .errors import (
         ConfigurationError,
         ErrorKind,
@@ -26,13 +37,16 @@ if TYPE_CHECKING:
         UnknownProfileError,
     )
     from .grading import Grade, Guarantee, Level, level_of
+    from .narrowing import ExecutionRequest, TenantPolicy
+    from .output import OutputPolicy
     from .profiles import DeploymentConfig, ProfileConfig
     from .provider_shapes import (
         anthropic_tool_result,
         gemini_code_execution_result,
         shell_call_output,
     )
-    from .result import ExecutionFailure, ExecutionNote, ExecutionResult
+    from .result import Attachment, ExecutionFailure, ExecutionNote, ExecutionResult
+    from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
     from .sandbox import Sandbox
     from .sync_sandbox import Cancellation, SyncSandbox
     from .terms import ExecutionLimits
@@ -42,10 +56,20 @@ __version__ = "0.1.0"
 
 #: Each public name and the submodule that defines it.
 _PUBLIC = {
+    "Attachment": "result",
+    "AttachmentDenied": "attachments",
     "BindingProvider": "bindings",
+    "CallErrorKind": "bindings",
     "FunctionBindings": "bindings",
     "ToolCallError": "bindings",
     "ToolSpec": "bindings",
+    "load_function_tools": "bindings",
+    "BlobAddress": "blobstore",
+    "BlobStore": "blobstore",
+    "FilesystemBlobStore": "blobstore",
+    "BindingBudgets": "budgets",
+    "describe_tools": "catalogue",
+    "spec_from_function": "catalogue",
     "ConfigurationError": "errors",
     "ErrorKind": "errors",
     "InterpreterNotFoundError": "errors",
@@ -57,6 +81,9 @@ _PUBLIC = {
     "Guarantee": "grading",
     "Level": "grading",
     "level_of": "grading",
+    "ExecutionRequest": "narrowing",
+    "TenantPolicy": "narrowing",
+    "OutputPolicy": "output",
     "DeploymentConfig": "profiles",
     "ProfileConfig": "profiles",
     "anthropic_tool_result": "provider_shapes",
@@ -65,6 +92,9 @@ _PUBLIC = {
     "ExecutionFailure": "result",
     "ExecutionNote": "result",
     "ExecutionResult": "result",
+    "MemoryRunLog": "runlog",
+    "RunLog": "runlog",
+    "SQLiteRunLog": "runlog",
     "Sandbox": "sandbox",
     "Cancellation": "sync_sandbox",
     "SyncSandbox": "sync_sandbox",
@@ -72,7 +102,13 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "Attachment",
+    "AttachmentDenied",
+    "BindingBudgets",
     "BindingProvider",
+    "BlobAddress",
+    "BlobStore",
+    "CallErrorKind",
     "Cancellation",
     "ConfigurationError",
     "DeploymentConfig",
@@ -80,26 +116,36 @@ __all__ = [
     "ExecutionFailure",
     "ExecutionLimits",
     "ExecutionNote",
+    "ExecutionRequest",
     "ExecutionResult",
+    "FilesystemBlobStore",
     "FunctionBindings",
     "Grade",
     "Guarantee",
     "InterpreterNotFoundError",
     "Level",
+    "MemoryRunLog",
+    "OutputPolicy",
     "ProfileConfig",
+    "RunLog",
+    "SQLiteRunLog",
     "Sandbox",
     "SandboxClosedError",
     "SandboxError",
     "SyncSandbox",
+    "TenantPolicy",
     "ToolCallError",
     "ToolSpec",
     "UnknownBackendError",
     "UnknownProfileError",
     "__version__",
     "anthropic_tool_result",
+    "describe_tools",
     "gemini_code_execution_result",
     "level_of",
+    "load_function_tools",
     "shell_call_output",
+    "spec_from_function",
 ]
 
 

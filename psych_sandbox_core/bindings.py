@@ -4,7 +4,8 @@ The core imports no tool registry. The embedder implements :class:`BindingProvid
 asked at the start of every execution for the tools callable right now, and every call the
 program makes is answered through it by a :class:`CallServer`, which enforces the budgets
 (budgets.py), counts each accepted call in the run log (runlog.py) before the tool runs, and
-pages a result too large to hand over whole through the blob store (paging.py). A paged result
+pages a result too large to hand over whole through the blob store (paging.py). The tools are
+described to the program (TOOLS, list_tools, get_tool_info) by catalogue.py. A paged result
 is paid for in full from the execution's byte budget before it is stored, and the CPU of a
 pattern search from its CPU budget (host_work.py).
 """
@@ -26,27 +27,80 @@ from typing import Any
 
 import anyio
 
+from .attachments import AttachmentDenied, AttachmentLedger
 from .blobstore import BlobAddress, BlobNotFound, BlobStore
 from .budgets import BindingBudgets, ExecutionMeter
+from .catalogue import LOOKUPS, Catalogue, CatalogueError, ToolSpec, spec_from_function
 from .errors import ConfigurationError, ProtocolViolation
 from .host_work import HostWork
 from .paging import (
     DEFAULT_MAX_MATCHES,
     DEFAULT_WINDOW_CHARS,
-    MAX_MATCHES,
-    MAX_PATTERN_CHARS,
     PagingError,
     SearchSettings,
-    read_window,
-    search,
+    read,
 )
 from .protocol import CallFrame, ReplyFrame
 from .protocol.codec import collector_paused
+from .protocol.frames import CatalogueEntry
 from .protocol.limits import MAX_FRAMES_MARGIN, MAX_TOOL_NAME_CHARS, MAX_TOOLS
 from .runlog import MemoryRunLog, RunLog
 
+__all__ = [
+    "READ_OUTPUT",
+    "READ_TOOL_OUTPUT",
+    "BindingProvider",
+    "CallErrorKind",
+    "CallServer",
+    "ExecutionScope",
+    "FunctionBindings",
+    "ToolCallError",
+    "ToolSpec",
+    "load_function_tools",
+]
+
 #: The built-in binding that reads a result too large to hand over whole.
 READ_TOOL_OUTPUT = "read_tool_output"
+#: The built-in binding (enabled by a profile's ``output.read_output``) that reads an earlier
+#: execution's output of the same tenant and run by its attachment handle.
+READ_OUTPUT = "read_output"
+
+_READ_PROPERTIES: dict[str, Any] = {
+    "offset": {"type": "integer", "default": 0},
+    "length": {"type": "integer", "default": DEFAULT_WINDOW_CHARS},
+    "pattern": {"type": "string"},
+    "ignore_case": {"type": "boolean", "default": False},
+    "max_matches": {"type": "integer", "default": DEFAULT_MAX_MATCHES},
+}
+_BUILTIN_SPECS = {
+    READ_TOOL_OUTPUT: ToolSpec(
+        READ_TOOL_OUTPUT,
+        description=(
+            "Read a tool result too large to hand over whole, by its ToolResultHandle: a "
+            "window of its JSON text (offset, length, in characters) or the matches of a "
+            "regular expression (pattern, ignore_case, max_matches)."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {"handle": {"type": "object"}, **_READ_PROPERTIES},
+            "required": ["handle"],
+        },
+    ),
+    READ_OUTPUT: ToolSpec(
+        READ_OUTPUT,
+        description=(
+            "Read an earlier execution's output (stdout, stderr, return value, an artifact) "
+            "by the attachment handle its result named: a window of its text (offset, "
+            "length, in characters) or the matches of a regular expression (pattern, "
+            "ignore_case, max_matches)."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {"handle": {"type": "string"}, **_READ_PROPERTIES},
+            "required": ["handle"],
+        },
+    ),
+}
 
 
 class CallErrorKind(str, enum.Enum):
@@ -79,14 +133,6 @@ class CallErrorKind(str, enum.Enum):
 _KINDS = {kind.value for kind in CallErrorKind}
 
 
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    #: Whether calling it may suspend the run (approval-gated, elicitation, a question to a
-    #: person). Such tools are never offered to a program.
-    may_suspend: bool = False
-
-
 class ToolCallError(Exception):
     """Raised by a provider to fail a call with a kind the program can branch on.
 
@@ -105,7 +151,9 @@ class BindingProvider(ABC):
 
     @abstractmethod
     async def list_tools(self) -> Sequence[ToolSpec]:
-        """The tools callable right now; asked once at the start of each execution."""
+        """The tools callable right now; asked once at the start of each execution. A
+        provider that fails here fails the execution as data (provider_error), never the
+        caller of ``run``."""
 
     @abstractmethod
     async def call(self, name: str, arguments: dict[str, Any]) -> Any:
@@ -113,7 +161,8 @@ class BindingProvider(ABC):
 
 
 class FunctionBindings(BindingProvider):
-    """Plain Python functions (sync or async) as tools, for local use and tests."""
+    """Plain Python functions (sync or async) as tools. Each is described by its docstring
+    and a JSON schema of its parameters (see catalogue.spec_from_function)."""
 
     def __init__(
         self,
@@ -130,9 +179,16 @@ class FunctionBindings(BindingProvider):
                 self._signatures[name] = inspect.signature(function)
             except (TypeError, ValueError):
                 self._signatures[name] = None
+        # Described when first listed, then kept: a schema costs about a millisecond.
+        self._specs: list[ToolSpec] | None = None
 
     async def list_tools(self) -> Sequence[ToolSpec]:
-        return [ToolSpec(name, may_suspend=name in self._suspending) for name in self._functions]
+        if self._specs is None:
+            self._specs = [
+                spec_from_function(function, name=name, may_suspend=name in self._suspending)
+                for name, function in self._functions.items()
+            ]
+        return self._specs
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Any:
         function = self._functions[name]
@@ -216,6 +272,8 @@ class CallServer:
     #: Host-side work (pattern searches) done for this execution, bound to its limits by the
     #: host when the program starts.
     work: HostWork = field(default_factory=HostWork)
+    #: Where earlier executions' outputs are recorded, when the profile offers read_output.
+    outputs: AttachmentLedger | None = None
 
     def __post_init__(self) -> None:
         specs = [ToolSpec(t) if isinstance(t, str) else t for t in self.tools]
@@ -229,13 +287,23 @@ class CallServer:
                     f"tool name {name!r} must be a non-empty str of at most "
                     f"{MAX_TOOL_NAME_CHARS} characters"
                 )
-        self._callable = [s.name for s in specs if not s.may_suspend]
-        self._suspending = frozenset(s.name for s in specs if s.may_suspend)
+        builtin = []
         if self.blob_store is not None and self.provider is not None:
-            # The built-in shadows a provider tool of the same name: it is how a program
-            # reads what its own calls produced, and must not be answerable by anyone else.
-            self._callable = [n for n in self._callable if n != READ_TOOL_OUTPUT]
-            self._callable.append(READ_TOOL_OUTPUT)
+            builtin.append(READ_TOOL_OUTPUT)
+        if self.outputs is not None:
+            builtin.append(READ_OUTPUT)
+        # A built-in shadows a provider tool of the same name: it is how a program reads
+        # what its own calls (or its run) produced, and must not be answerable by anyone else.
+        shadowed = {*builtin, *LOOKUPS}
+        described = [s for s in specs if not s.may_suspend and s.name not in shadowed]
+        described += [_BUILTIN_SPECS[name] for name in builtin]
+        self._catalogue = Catalogue(described)
+        self._catalogue_names = [spec.name for spec in described]
+        self._callable = list(self._catalogue_names)
+        if self._callable:
+            # Bounded, read-only lookups over the same catalogue (list_tools, get_tool_info).
+            self._callable += LOOKUPS
+        self._suspending = frozenset(s.name for s in specs if s.may_suspend)
         if len(self._callable) > MAX_TOOLS:
             raise ConfigurationError(
                 f"{len(self._callable)} tools offered; one execution may be offered at most "
@@ -250,8 +318,12 @@ class CallServer:
 
     @property
     def offered(self) -> list[str]:
-        """The names sent to the child in the run frame."""
+        """The names a call may carry, sent to the child in the run frame."""
         return list(self._callable)
+
+    def catalogue(self) -> list[CatalogueEntry]:
+        """What the program's TOOLS says about each tool, as the run frame carries it."""
+        return self._catalogue.entries()
 
     async def answer(self, frame: CallFrame) -> ReplyFrame:
         if frame.id != self.expected_id:
@@ -290,8 +362,7 @@ class CallServer:
                 _error(
                     frame.id,
                     CallErrorKind.BUDGET_EXHAUSTED,
-                    f"this run has spent its budget of {self.budgets.calls_per_run} binding "
-                    "calls",
+                    f"this run has spent its budget of {self.budgets.calls_per_run} binding calls",
                 ),
             )
         outcome = CallErrorKind.CANCELLED.value
@@ -338,9 +409,21 @@ class CallServer:
                 f"no tool named {frame.name!r} is offered to this program; TOOLS lists those "
                 "that are",
             )
+        if frame.name in LOOKUPS:
+            try:
+                value = self._catalogue.answer(frame.name, frame.arguments)
+            except CatalogueError as exc:
+                return _error(frame.id, exc.kind, exc.message)
+            return self._value(frame.id, _dumps(value), paging_allowed=False)
         if frame.name == READ_TOOL_OUTPUT and self.blob_store is not None:
             try:
                 value = await self._read_tool_output(dict(frame.arguments))
+            except PagingError as exc:
+                return _error(frame.id, exc.kind, exc.message)
+            return self._value(frame.id, _dumps(value), paging_allowed=False)
+        if frame.name == READ_OUTPUT and self.outputs is not None:
+            try:
+                value = await self._read_output(dict(frame.arguments))
             except PagingError as exc:
                 return _error(frame.id, exc.kind, exc.message)
             return self._value(frame.id, _dumps(value), paging_allowed=False)
@@ -417,20 +500,12 @@ class CallServer:
 
     async def _read_tool_output(self, arguments: dict[str, Any]) -> dict[str, Any]:
         assert self.blob_store is not None
-        allowed = {"handle", "offset", "length", "pattern", "ignore_case", "max_matches"}
-        unexpected = sorted(set(arguments) - allowed)
-        if unexpected:
-            raise PagingError(
-                "invalid_arguments",
-                f"read_tool_output got unexpected arguments {unexpected}; it takes handle= and "
-                "either offset=/length= or pattern= (with ignore_case=, max_matches=)",
-            )
         handle = arguments.get("handle")
         token = handle.get("id") if isinstance(handle, dict) else handle
         if not isinstance(token, str):
             raise PagingError(
-                "invalid_arguments", "read_tool_output needs handle=, the ToolResultHandle a "
-                "call returned"
+                "invalid_arguments",
+                "read_tool_output needs handle=, the ToolResultHandle a call returned",
             )
         owned = self._handles.get(token)
         if owned is None:
@@ -443,42 +518,40 @@ class CallServer:
             data = await self.blob_store.read(owned.address)
         except BlobNotFound:
             raise PagingError("handle_denied", "the stored result is no longer available") from None
-        pattern = arguments.get("pattern")
-        if pattern is not None:
-            if not isinstance(pattern, str) or not 0 < len(pattern) <= MAX_PATTERN_CHARS:
-                raise PagingError(
-                    "invalid_arguments",
-                    f"pattern must be a non-empty str of at most {MAX_PATTERN_CHARS} characters",
-                )
-            if "offset" in arguments or "length" in arguments:
-                raise PagingError(
-                    "invalid_arguments", "give either pattern= or offset=/length=, not both"
-                )
-            ignore_case = arguments.get("ignore_case", False)
-            max_matches = arguments.get("max_matches", DEFAULT_MAX_MATCHES)
-            if not isinstance(ignore_case, bool):
-                raise PagingError("invalid_arguments", "ignore_case must be a bool")
-            if not _is_int(max_matches) or not 0 < max_matches <= MAX_MATCHES:
-                raise PagingError(
-                    "invalid_arguments", f"max_matches must be an int from 1 to {MAX_MATCHES}"
-                )
-            return await search(
-                data,
-                pattern,
-                ignore_case=ignore_case,
-                max_matches=max_matches,
-                settings=self.search,
-                work=self.work,
+        return await self._read(READ_TOOL_OUTPUT, data, arguments)
+
+    async def _read_output(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """An earlier execution's output, resolved under this execution's tenant and run
+        like every attachment handle: another run's or tenant's handle is denied."""
+        assert self.outputs is not None
+        handle = arguments.get("handle")
+        if not isinstance(handle, str):
+            raise PagingError(
+                "invalid_arguments",
+                "read_output needs handle=, an attachment handle an earlier result named",
             )
-        offset = arguments.get("offset", 0)
-        length = arguments.get("length", DEFAULT_WINDOW_CHARS)
-        if not _is_int(offset) or offset < 0:
-            raise PagingError("invalid_arguments", "offset must be an int >= 0")
-        if not _is_int(length) or length <= 0:
-            raise PagingError("invalid_arguments", "length must be an int > 0")
-        # Leave room for the window's JSON framing and escaping under the per-call ceiling.
-        length = min(length, max(1, self.budgets.result_bytes_per_call // 2 - 256))
-        return read_window(data, offset, length)
+        try:
+            data = await self.outputs.read_all(
+                handle, tenant=self.scope.tenant, run_id=self.scope.run_id
+            )
+        except AttachmentDenied:
+            raise PagingError(
+                "handle_denied",
+                "no output of this run has that handle; read_output reads only what earlier "
+                "executions of the same run recorded",
+            ) from None
+        return await self._read(READ_OUTPUT, data, arguments)
+
+    async def _read(self, tool: str, data: bytes, arguments: dict[str, Any]) -> dict[str, Any]:
+        return await read(
+            data,
+            arguments,
+            tool=tool,
+            # Room for the window's JSON framing and escaping under the per-call ceiling.
+            max_window_chars=self.budgets.result_bytes_per_call // 2 - 256,
+            settings=self.search,
+            work=self.work,
+        )
 
 
 _DEFAULT_LOG: list[RunLog] = []
@@ -490,10 +563,6 @@ def _default_log() -> RunLog:
     if not _DEFAULT_LOG:
         _DEFAULT_LOG.append(MemoryRunLog())
     return _DEFAULT_LOG[0]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 #: Arguments with more elements than this are measured on a worker thread.
@@ -532,4 +601,3 @@ def _token() -> str:
 def _error(call_id: int, kind: str, message: str) -> ReplyFrame:
     value = kind.value if isinstance(kind, CallErrorKind) else kind
     return ReplyFrame(id=call_id, carries="error", error_kind=value, message=message)
-

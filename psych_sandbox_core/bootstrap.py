@@ -238,22 +238,168 @@ class Channel:
             raise SystemExit("psych-sandbox bootstrap: malformed host frame")
         return frame
 
+    # Calls. Several may be in flight (from tasks, gathers, threads), up to the limit the run
+    # frame gives; beyond it a call waits here, in order, for a reply to free a place.
+    # Replies are read by one thread of ours and handed to each call's waiter by id, so a
+    # call waits on its own reply without holding the channel or an event loop. That thread
+    # never writes and never waits on a writer, so a writer blocked on a full socket (the
+    # host busy writing a large reply) cannot stop the replies that unblock it.
+
+    def start_calls(self, limit):
+        self.in_flight_limit = limit if isinstance(limit, int) and limit > 0 else 16
+        self.in_flight = 0
+        self.waiters = {}  # call id -> deliver(reply)
+        self.granting = []  # grant() of each call waiting for a place, in order
+        self.state = _thread.allocate_lock()  # guards the three above; held only briefly
+        self.reading = False
+        self.settled = None  # released when the last call in flight has its reply
+
+    def wait_for_replies(self):
+        """Return once every call sent has its reply, even those the program stopped waiting
+        for: a host that answers one call at a time reads the result only after answering
+        the calls before it, and must find this process there to take those replies."""
+        with self.state:
+            if not getattr(self, "waiters", None):
+                return
+            self.settled = _thread.allocate_lock()
+            self.settled.acquire()
+        self.settled.acquire()
+
     def call(self, name, arguments_json):
-        # Claim, write and advance under one lock: threads may call concurrently, and an id
-        # is spent only once its frame was written.
+        """One call from a thread with no event loop running: block until its reply."""
+        place = _thread.allocate_lock()
+        place.acquire()
+
+        def grant():
+            place.release()
+            return True
+
+        if not self._take_place(grant):
+            place.acquire()
+        done = _thread.allocate_lock()
+        done.acquire()
+        replies = []
+
+        def deliver(reply):
+            replies.append(reply)
+            done.release()
+
+        self._send(name, arguments_json, deliver)
+        done.acquire()
+        return _reply_value(replies[0])
+
+    async def call_async(self, name, arguments_json, loop):
+        """One call from a coroutine on ``loop``, which runs on while the call is in flight.
+        A call cancelled while it waits (wait_for, a cancelled task) stops waiting; its reply
+        is dropped when it comes."""
+        granted = loop.create_future()
+
+        def grant():
+            try:
+                loop.call_soon_threadsafe(_grant, self, granted)
+            except RuntimeError:
+                return False  # the loop is closed: nobody will use the place
+            return True
+
+        if not self._take_place(grant):
+            try:
+                await granted
+            except BaseException:
+                if granted.done() and not granted.cancelled():
+                    self._release_place()  # granted, then cancelled before it was used
+                raise
+        future = loop.create_future()
+
+        def deliver(reply):
+            try:
+                loop.call_soon_threadsafe(_settle, future, reply)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits for this reply any more
+
+        self._send(name, arguments_json, deliver)
+        return _reply_value(await future)
+
+    def _take_place(self, grant):
+        """Take a place among the calls in flight (True), or queue ``grant`` to be called
+        when one is handed over (False); ``grant()`` says whether its call took it."""
+        with self.state:
+            if self.in_flight < self.in_flight_limit:
+                self.in_flight += 1
+                return True
+            self.granting.append(grant)
+            return False
+
+    def _release_place(self):
+        # Handed straight over to the first waiting call that can still take it (the count
+        # stays); called outside the lock, since a grant may have to release in turn.
+        while True:
+            with self.state:
+                if not self.granting:
+                    self.in_flight -= 1
+                    return
+                grant = self.granting.pop(0)
+            if grant():
+                return
+
+    def _send(self, name, arguments_json, deliver):
+        # Claim, write and advance under one lock: an id is spent only once its frame was
+        # written, and ids go out consecutively whichever thread writes them.
         with self.lock:
             call_id = self.next_id
-            self._send_call(call_id, name, arguments_json)
+            with self.state:
+                self.waiters[call_id] = deliver  # before the write: the reply may come at once
+            try:
+                self._send_call(call_id, name, arguments_json)
+            except BaseException:
+                with self.state:
+                    del self.waiters[call_id]
+                self._release_place()
+                raise
             self.next_id = call_id + 1
-            reply = self.receive()
-        if reply.get("type") != "reply" or reply.get("id") != call_id:
-            raise SystemExit("psych-sandbox bootstrap: reply out of order")
-        carries = reply.get("carries")
-        if carries == "value":
-            return json_loads(reply["value_json"])
-        if carries == "handle":
-            return ToolResultHandle(reply["handle"])
-        raise ToolError(reply.get("error_kind") or "tool_error", reply.get("message") or "")
+            if not self.reading:
+                self.reading = True
+                _thread.start_new_thread(self._read_replies, ())
+
+    def _read_replies(self):
+        try:
+            while True:
+                reply = self.receive()
+                if reply.get("type") != "reply":
+                    raise SystemExit("psych-sandbox bootstrap: unexpected host frame")
+                with self.state:
+                    deliver = self.waiters.pop(reply.get("id"), None)
+                    if not self.waiters and self.settled is not None:
+                        self.settled.release()
+                        self.settled = None
+                if deliver is None:
+                    raise SystemExit("psych-sandbox bootstrap: a reply to no call in flight")
+                deliver(reply)
+                self._release_place()
+        except BaseException:
+            # The channel closed or broke: the host is gone or ending this execution, and a
+            # call waiting for its reply would wait for ever. The process goes too.
+            os._exit(1)
+
+
+def _grant(channel, granted):
+    if granted.cancelled():
+        channel._release_place()  # its call was cancelled while it waited for the place
+    else:
+        granted.set_result(None)
+
+
+def _settle(future, reply):
+    if not future.done():
+        future.set_result(reply)
+
+
+def _reply_value(reply):
+    carries = reply.get("carries")
+    if carries == "value":
+        return json_loads(reply["value_json"])
+    if carries == "handle":
+        return ToolResultHandle(reply["handle"])
+    raise ToolError(reply.get("error_kind") or "tool_error", reply.get("message") or "")
 
 
 def _read_token():
@@ -730,12 +876,162 @@ def describe_exception(exc):
 
 # ------------------------------------------------------------------ the program's namespace
 
+#: Names the namespace defines itself, never a tool's alias. A copy of catalogue.py's.
+NAMESPACE_NAMES = frozenset(
+    {"TOOLS", "ToolError", "ToolResultHandle", "call_tool", "list_tools", "get_tool_info"}
+)
+#: The catalogue lookups the host answers, when it offers them.
+LOOKUPS = ("list_tools", "get_tool_info")
 
-def _make_namespace(channel, tools, argument_bytes):
+
+def alias_for(name):
+    """A tool's direct alias: its own name when that is a usable identifier hiding nothing
+    (no keyword, builtin or namespace name); never a mangled one. A copy of catalogue.py's."""
     import builtins
     import keyword
 
-    async def call_tool(name, arguments=None):
+    if (
+        name.isidentifier()
+        and not keyword.iskeyword(name)
+        and name not in NAMESPACE_NAMES
+        and not hasattr(builtins, name)
+    ):
+        return name
+    return None
+
+
+class Tool(str):
+    """One tool offered to the program: its name (it is that str), with ``.alias`` (the
+    direct alias, or None: call it through call_tool), ``.description`` and ``.schema`` (the
+    JSON schema of its arguments, or None when the host sent none: get_tool_info has it)."""
+
+    name = ""
+    alias = None
+    description = ""
+    _schema_json = None
+    _schema = None
+
+    def __new__(cls, name, description="", schema_json=None):
+        self = str.__new__(cls, name)
+        self.name = name
+        self.alias = alias_for(name)
+        self.description = description
+        self._schema_json = schema_json
+        self._schema = None
+        return self
+
+    @property
+    def schema(self):
+        if self._schema is None and self._schema_json is not None:
+            self._schema = json_loads(self._schema_json)
+        return self._schema
+
+    def positional_order(self):
+        schema = self.schema
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        return list(properties) if isinstance(properties, dict) else None
+
+
+class NotAwaitedError(TypeError):
+    """A tool was called without ``await``: the call never ran."""
+
+
+class _NotAwaitedAttribute(NotAwaitedError, AttributeError):
+    pass
+
+
+#: Tool calls made and dropped without being awaited, as (what, line): the program fails
+#: with the first when it otherwise finished, since the tools it meant to call never ran.
+_NOT_AWAITED = []  # type: list[tuple[str, int | None]]
+
+
+def _program_line():
+    """The line of the model's program that is calling us (None if none is on the stack)."""
+    frame = sys._getframe(2)
+    for _ in range(32):
+        if frame.f_code.co_filename == PROGRAM_FILENAME:
+            return frame.f_lineno
+        if frame.f_back is None:
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _not_awaited_message(what, line):
+    where = f"line {line}: " if line is not None else ""
+    return (
+        f"{where}{what} was called without await, so the tool never ran; every tool is an "
+        f"async function: write `result = await {what}`"
+    )
+
+
+class _ToolCall:
+    """What calling a tool returns: awaited (or gathered, or made a task) it makes the call.
+    To asyncio it is a coroutine; used as a value it raises NotAwaitedError naming the line
+    of the call, and dropped unawaited it fails the program saying so."""
+
+    __slots__ = ("__weakref__", "_coroutine", "_factory", "_line", "_what")
+
+    def __init__(self, factory, what, line):
+        self._factory = factory
+        self._coroutine = None
+        self._what = what
+        self._line = line
+
+    def _started(self):
+        if self._coroutine is None:
+            self._coroutine = self._factory()
+            self._factory = None
+        return self._coroutine
+
+    def __await__(self):
+        return self._started().__await__()
+
+    def send(self, value):
+        return self._started().send(value)
+
+    def throw(self, *args):
+        return self._started().throw(*args)
+
+    def close(self):
+        self._factory = None  # closed: deliberately never run
+        if self._coroutine is not None:
+            self._coroutine.close()
+
+    def __del__(self):
+        if self._factory is not None:
+            _NOT_AWAITED.append((self._what, self._line))
+
+    def __repr__(self):
+        return f"<call of {self._what}, not awaited>"
+
+    def _misused(self, *args, **kwargs):
+        raise NotAwaitedError(_not_awaited_message(self._what, self._line))
+
+    def __getattr__(self, name):
+        raise _NotAwaitedAttribute(_not_awaited_message(self._what, self._line))
+
+    __getitem__ = __iter__ = __len__ = __contains__ = __bool__ = __str__ = _misused
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _misused
+    __truediv__ = __floordiv__ = __mod__ = __lt__ = __le__ = __gt__ = __ge__ = _misused
+    __int__ = __float__ = __index__ = __call__ = _misused
+
+
+def _running_loop():
+    """The asyncio loop running in this thread, if any (without importing asyncio)."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return None
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _make_namespace(channel, tools, argument_bytes, catalogue=None):
+    import builtins
+
+    async def perform(name, arguments):
         if not isinstance(name, str):
             raise TypeError("call_tool(name, arguments): name must be a str")
         if arguments is None:
@@ -772,41 +1068,88 @@ def _make_namespace(channel, tools, argument_bytes):
                 f"the arguments are {size} bytes as JSON, over the per-call budget of "
                 f"{argument_bytes} bytes",
             )
-        return channel.call(name, encoded)
+        loop = _running_loop()
+        if loop is None:
+            return channel.call(name, encoded)
+        return await channel.call_async(name, encoded, loop)
 
+    def call_tool(name, arguments=None):
+        what = f"call_tool({name!r}, ...)" if isinstance(name, str) else "call_tool(...)"
+        return _ToolCall(lambda: perform(name, arguments), what, _program_line())
+
+    if catalogue is None:
+        listed = [Tool(name) for name in tools if name not in LOOKUPS]
+    else:
+        listed = [
+            Tool(entry.get("name"), entry.get("description") or "", entry.get("input_schema_json"))
+            for entry in catalogue
+        ]
     namespace = {
         "__name__": "__main__",
         "__builtins__": builtins,
         "__doc__": None,
-        "TOOLS": tuple(tools),
+        "TOOLS": tuple(listed),
         "ToolError": ToolError,
         "ToolResultHandle": ToolResultHandle,
         "call_tool": call_tool,
     }
-    if "read_tool_output" in tools:
-        async def read_tool_output(handle=None, **arguments):
-            return await call_tool("read_tool_output", {"handle": handle, **arguments})
+    if all(name in tools for name in LOOKUPS):
+        aliases = {tool.name: tool.alias for tool in listed}
 
-        namespace["read_tool_output"] = read_tool_output
-    for tool in tools:
+        def list_tools(query=None, offset=0, limit=100):
+            arguments = {"offset": offset, "limit": limit}
+            if query is not None:
+                arguments["query"] = query
+            return _ToolCall(
+                lambda: perform("list_tools", arguments), "list_tools(...)", _program_line()
+            )
+
+        async def info(name):
+            answer = await perform("get_tool_info", {"name": name})
+            if isinstance(answer, dict):
+                answer["alias"] = aliases.get(name)
+            return answer
+
+        def get_tool_info(name):
+            return _ToolCall(lambda: info(name), "get_tool_info(...)", _program_line())
+
+        namespace["list_tools"] = list_tools
+        namespace["get_tool_info"] = get_tool_info
+    for tool in listed:
         # A direct alias only for names that are usable identifiers; never a mangled one, so
         # two tools whose names mangle alike can never answer for each other; and never one
         # that would hide a builtin (a tool named "print" stays reachable through call_tool).
-        if (
-            tool.isidentifier()
-            and not keyword.iskeyword(tool)
-            and tool not in namespace
-            and not hasattr(builtins, tool)
-        ):
-            namespace[tool] = _alias(call_tool, tool)
+        if tool.alias is not None and tool.alias not in namespace:
+            namespace[tool.alias] = _alias(perform, tool)
     return namespace
 
 
-def _alias(call_tool, tool):
-    async def alias(**arguments):
-        return await call_tool(tool, arguments)
+def _alias(perform, tool):
+    name = str(tool)
+    what = f"{name}(...)"
 
-    alias.__name__ = alias.__qualname__ = tool
+    def alias(*args, **arguments):
+        if args:
+            # Positional arguments in the order of the tool's input schema.
+            order = tool.positional_order()
+            if order is None:
+                raise TypeError(
+                    f"{name}() takes keyword arguments only: its input schema is unknown "
+                    f"(await get_tool_info({name!r}) may say more)"
+                )
+            if len(args) > len(order):
+                raise TypeError(
+                    f"{name}() takes at most {len(order)} positional arguments "
+                    f"({', '.join(order)}) but {len(args)} were given"
+                )
+            for key, value in zip(order, args, strict=False):
+                if key in arguments:
+                    raise TypeError(f"{name}() got multiple values for argument {key!r}")
+                arguments[key] = value
+        return _ToolCall(lambda: perform(name, arguments), what, _program_line())
+
+    alias.__name__ = alias.__qualname__ = name
+    alias.__doc__ = tool.description or None
     return alias
 
 
@@ -820,7 +1163,8 @@ def run_program(channel, frame):
     argument_bytes = limits.get("argument_bytes")
     if not isinstance(argument_bytes, int) or argument_bytes <= 0:
         argument_bytes = MAX_CHILD_FRAME_BYTES - 1 - CALL_FRAME_ENVELOPE_BYTES
-    namespace = _make_namespace(channel, tools, argument_bytes)
+    channel.start_calls(limits.get("calls_in_flight"))
+    namespace = _make_namespace(channel, tools, argument_bytes, frame.get("catalogue"))
     try:
         code, is_async = build_program(frame["source"])
     except SyntaxError as exc:
@@ -851,6 +1195,11 @@ def run_program(channel, frame):
             return {"outcome": "raised", "error": describe_exception(exc)}
     except BaseException as exc:
         return {"outcome": "raised", "error": describe_exception(exc)}
+    if isinstance(value, _ToolCall):
+        value.close()
+        return _not_awaited(value._what, value._line)
+    if _NOT_AWAITED:
+        return _not_awaited(*_NOT_AWAITED[0])
     if isinstance(value, ToolResultHandle):
         value = value.to_json()
     try:
@@ -878,6 +1227,12 @@ def run_program(channel, frame):
             ),
         }
     return {"outcome": "returned", "value_json": encoded}
+
+
+def _not_awaited(what, line):
+    error = describe_exception(NotAwaitedError(_not_awaited_message(what, line)))
+    error["line"] = line
+    return {"outcome": "raised", "error": error}
 
 
 # ------------------------------------------------------------------ sending artifacts
@@ -1341,6 +1696,52 @@ def _write_all(fd, data):
         pass  # the program closed or broke the stream: the host waits for its end instead
 
 
+#: What a program that awaits needs imported (asyncio and what it imports, heaviest first in
+#: the order asyncio reaches them), in steps of a few milliseconds each.
+ASYNC_MODULES = (
+    "enum", "functools", "collections", "re", "traceback", "inspect", "typing", "logging",
+    "concurrent.futures", "socket", "selectors", "ssl", "subprocess", "asyncio",
+)
+#: A host that has a program for this child sends it within a few milliseconds of the hello;
+#: a child still waiting after this long is a warm one, prepared ahead of its program.
+IDLE_AFTER_SECONDS = 0.05
+
+
+def _prepare_while_idle(sock):
+    """Import what an awaiting program needs while a warm child waits for its program: about
+    30 ms of ``import asyncio`` that would otherwise be on the path the program waits on.
+
+    Only once the child is idle (no program IDLE_AFTER_SECONDS after its hello: a cold child
+    is answered at once and prepares nothing, so a program that does not await never pays),
+    and one module at a time, stopping as soon as the program arrives, so a program that
+    arrives mid-way waits for one step at most. A program sees these modules imported, as
+    after any import of its own.
+    """
+    if _arrived(sock, IDLE_AFTER_SECONDS):
+        return
+    for name in ASYNC_MODULES:
+        try:
+            __import__(name)
+        except Exception:
+            return  # an interpreter without it (no ssl): the program meets that itself
+        if _arrived(sock, 0.0):
+            return
+
+
+def _arrived(sock, wait):
+    """Whether the host has sent something (or closed the channel) within ``wait`` seconds."""
+    sock.settimeout(wait)
+    try:
+        sock.recv(1, _socket.MSG_PEEK)
+        return True  # a frame, or b"" at the end: either way, stop preparing
+    except (BlockingIOError, TimeoutError):
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.settimeout(None)
+
+
 def main(argv):
     options = {}
     for item in argv:
@@ -1369,6 +1770,7 @@ def main(argv):
     channel.send(
         {"type": "hello", "protocol": PROTOCOL_VERSION, "report": probe(probe_config)}
     )
+    _prepare_while_idle(channel.sock)
     frame = channel.receive()
     if frame.get("type") != "run":
         # Abort (or anything that is not a run): nothing is compiled, nothing executes.
@@ -1401,6 +1803,7 @@ def main(argv):
         if request:
             send_artifacts(channel, request, workspace)
         channel.send(frame)
+    channel.wait_for_replies()
     # Threads the program left running must not hold the process open after its result.
     os._exit(0)
 

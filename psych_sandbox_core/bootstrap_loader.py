@@ -17,12 +17,17 @@ import subprocess
 from functools import lru_cache
 
 #: Loads the marshalled bootstrap passed as the first argument into ``__main__`` (as ``-c``
-#: source would run), leaving argv as the bootstrap expects it: ``-c`` and its options.
-_STUB = "import sys,marshal,binascii;exec(marshal.loads(binascii.a2b_base64(sys.argv.pop(1))))"
+#: source would run), leaving argv as the bootstrap expects it: ``-c`` and its options. The
+#: code travels compressed (zlib is built into CPython; decompressing costs well under a
+#: millisecond): marshalled code is about twice its source, and must fit in one argument.
+_STUB = (
+    "import sys,marshal,binascii,zlib;"
+    "exec(marshal.loads(zlib.decompress(binascii.a2b_base64(sys.argv.pop(1)))))"
+)
 _COMPILER = (
-    "import sys,marshal,binascii;"
-    "sys.stdout.write(binascii.b2a_base64(marshal.dumps(compile(sys.stdin.read(),"
-    "'<bootstrap>','exec',dont_inherit=True)),newline=False).decode())"
+    "import sys,marshal,binascii,zlib;"
+    "sys.stdout.write(binascii.b2a_base64(zlib.compress(marshal.dumps(compile(sys.stdin.read(),"
+    "'<bootstrap>','exec',dont_inherit=True)),9),newline=False).decode())"
 )
 #: Linux refuses a single argument longer than 128 KiB (MAX_ARG_STRLEN); stay below it.
 MAX_PAYLOAD_CHARS = 120 * 1024

@@ -33,6 +33,11 @@ MAX_RESULT_BYTES_PER_CALL = (
 MAX_ARGUMENT_BYTES_PER_CALL = MAX_CHILD_FRAME_BYTES - 64 * KiB
 
 
+#: Most calls in flight a profile may allow: each holds a waiter in the child and, once the
+#: host answers calls concurrently, a task there.
+MAX_CALLS_IN_FLIGHT = 1024
+
+
 class BindingBudgets(BaseModel):
     """Per-execution and per-run ceilings on binding calls.
 
@@ -56,6 +61,9 @@ class BindingBudgets(BaseModel):
     #: paged results (in full, when stored; windows read from them count again as results)
     #: and its attachments (streams, return value, artifacts).
     total_bytes_per_execution: Positive = 256 * MiB
+    #: Calls one execution may have in flight at once (gathered, tasks, threads); the child
+    #: holds a call beyond it until a reply frees a place.
+    calls_in_flight: Annotated[int, Field(gt=0, le=MAX_CALLS_IN_FLIGHT)] = 16
 
     @model_validator(mode="after")
     def _coherent(self) -> BindingBudgets:
@@ -78,6 +86,7 @@ class BindingBudgets(BaseModel):
             total_bytes_per_execution=min(
                 self.total_bytes_per_execution, other.total_bytes_per_execution
             ),
+            calls_in_flight=min(self.calls_in_flight, other.calls_in_flight),
         )
 
 

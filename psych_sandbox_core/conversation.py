@@ -34,6 +34,7 @@ from .protocol import (
     ResultFrame,
     RunFrame,
 )
+from .protocol.frames import CatalogueEntry
 from .protocol.framing import FrameCeilings
 from .result import ExecutionFailure
 from .terms import ExecutionLimits
@@ -131,6 +132,10 @@ class ProgramTerms:
     argument_bytes: int
     #: Names offered to the program (the call server's).
     tools: list[str]
+    #: What the program's TOOLS says about each (bounded; see catalogue.py).
+    catalogue: list[CatalogueEntry] | None
+    #: How many of the program's calls may be in flight at once.
+    calls_in_flight: int
     #: A refusal the outcome functions found in the terms and the grades as they stand
     #: now (see outcome.refusal_of).
     refusal: ExecutionFailure | None
@@ -299,6 +304,7 @@ class Conversation:
                 RunFrame(
                     source=terms.source,
                     tools=terms.tools,
+                    catalogue=terms.catalogue,
                     limits=ChildLimits(
                         cpu_seconds=limits.cpu_seconds,
                         memory_bytes=limits.memory_bytes,
@@ -306,6 +312,7 @@ class Conversation:
                         processes=limits.processes,
                         return_value_bytes=limits.return_value_bytes,
                         argument_bytes=terms.argument_bytes,
+                        calls_in_flight=terms.calls_in_flight,
                     ),
                     artifacts=None if terms.collector is None else terms.collector.request,
                     end_marker=terms.end_marker,

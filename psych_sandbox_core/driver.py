@@ -327,6 +327,8 @@ class ChildDriver:
             limits=plan.limits,
             argument_bytes=calls.budgets.argument_bytes_per_call,
             tools=calls.offered,
+            catalogue=calls.catalogue(),
+            calls_in_flight=calls.budgets.calls_in_flight,
             refusal=refusal_of(plan, self.conversation.grades),
             cancelled=self.cancelled,
             collector=wanted if isinstance(wanted, ChannelCollector) else None,

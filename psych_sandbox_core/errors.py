@@ -132,10 +132,23 @@ GUIDANCE: dict[ErrorKind, str] = {
     ErrorKind.CANCELLED: (
         "The execution was cancelled from outside before it finished. " + _NOT_YOUR_PROGRAM
     ),
-    ErrorKind.PROVIDER_ERROR: ("The remote execution provider failed. " + _NOT_YOUR_PROGRAM),
+    ErrorKind.PROVIDER_ERROR: (
+        "A provider this execution depends on failed: the remote execution service, or the "
+        "provider of the tools a program may call (listing them failed). " + _NOT_YOUR_PROGRAM
+    ),
     ErrorKind.ARTIFACTS_UNAVAILABLE: (
         "Output had to be preserved but no storage was available to preserve it, so the "
         "result was not returned. " + _NOT_YOUR_PROGRAM
+    ),
+}
+
+#: Guidance for kind=exception when the program raised one of these (by type name), where
+#: the general advice would mislead.
+EXCEPTION_GUIDANCE: dict[str, str] = {
+    "NotAwaitedError": (
+        "Your program called a tool without `await`, so the tool never ran. Every tool is an "
+        "async function: write `result = await tool(...)` (or gather several with "
+        "`await asyncio.gather(...)`). The message names the line."
     ),
 }
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Strict
 
 from .protocol.frames import ContainmentReport
 
@@ -64,6 +65,10 @@ class Level(_Named):
     PROCESS = "process"
     NONE = "none"
 
+
+#: A Level as configuration gives it, in strict models too: the enum or its value as a plain
+#: str ("isolated"), the same in Python as in TOML.
+LevelSetting = Annotated[Level, Strict(False)]
 
 _LEVEL_ORDER = {Level.NONE: 0, Level.PROCESS: 1, Level.ISOLATED: 2}
 
@@ -171,9 +176,9 @@ def _no_capabilities(mask: str | None) -> bool:
         return False
 
 
-def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -> dict[
-    Guarantee, Grade
-]:
+def grade(
+    mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int
+) -> dict[Guarantee, Grade]:
     """Grade each guarantee from what the backend applied and what the child observed.
 
     Evidence is asymmetric: evidence of exposure always wins (unavailable), evidence of
@@ -193,9 +198,7 @@ def grade(mechanisms: Mechanisms, report: ContainmentReport, *, host_uid: int) -
 
     # Network: a connection, or an interface that is up, proves exposure.
     network = report.network
-    exposed = (
-        "connected" in (network.ipv4, network.ipv6) or bool(network.interfaces_up)
-    )
+    exposed = "connected" in (network.ipv4, network.ipv6) or bool(network.interfaces_up)
     probed = network.ipv4 != "skipped" and network.ipv6 != "skipped"
     if exposed:
         grades[Guarantee.NETWORK] = Grade.UNAVAILABLE

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .budgets import BindingBudgets
 from .errors import ErrorKind
-from .grading import Level, level_at_least
+from .grading import Level, LevelSetting, level_at_least
 from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .result import ExecutionFailure
 from .terms import ExecutionLimits
@@ -62,7 +62,7 @@ class ExecutionRequest(BaseModel):
     #: Whether the program wants network access (granted only if every stage allows it).
     network: bool = False
     #: The lowest level the program is willing to run at.
-    minimum_level: Level = Level.NONE
+    minimum_level: LevelSetting = Level.NONE
 
     def to_json(self) -> str:
         return self.model_dump_json()
@@ -80,7 +80,7 @@ class TenantPolicy(BaseModel):
     limits: LimitCeilings = Field(default_factory=LimitCeilings)
     #: False forbids network access whatever the profile allows; True leaves it to the others.
     allow_network: bool = True
-    minimum_level: Level = Level.NONE
+    minimum_level: LevelSetting = Level.NONE
     #: Narrows the profile's binding budgets field by field (never widens them).
     budgets: BindingBudgets | None = None
 

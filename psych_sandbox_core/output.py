@@ -280,3 +280,6 @@ class OutputPolicy(BaseModel):
     artifacts_total_bytes: _Positive = 32 * _MiB
     #: Most artifacts one execution may hand back.
     max_artifacts: _Positive = 256
+    #: Offer programs the read_output binding: a later execution of the same tenant and run
+    #: pages an earlier one's output (a truncated stdout, say) by its attachment handle.
+    read_output: bool = False

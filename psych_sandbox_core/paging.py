@@ -1,4 +1,5 @@
-"""Reading a stored tool result by window or by pattern (the host side of read_tool_output).
+"""Reading stored text by window or by pattern: the host side of read_tool_output (a result
+too large to hand over whole) and of read_output (an earlier execution's output).
 
 Windows and match offsets are both in characters of the result's JSON text, so a program can
 search, then read around a match. The pattern search itself runs in a killable child process
@@ -9,6 +10,7 @@ budget, and what it cost is charged there.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,3 +121,66 @@ async def search(
         "total_matches": found.total_matches,
         "truncated": found.total_matches > len(found.matches),
     }
+
+
+#: The arguments a read takes besides its handle.
+READ_ARGUMENTS = frozenset({"offset", "length", "pattern", "ignore_case", "max_matches"})
+
+
+async def read(
+    data: bytes,
+    arguments: Mapping[str, Any],
+    *,
+    tool: str,
+    max_window_chars: int,
+    settings: SearchSettings | None = None,
+    work: HostWork | None = None,
+) -> dict[str, Any]:
+    """Answer one read of ``data`` as the program asked it of ``tool``: a window
+    (``offset=``, ``length=``, at most ``max_window_chars``) or a pattern search
+    (``pattern=``, ``ignore_case=``, ``max_matches=``). Raises PagingError."""
+    unexpected = sorted(set(arguments) - READ_ARGUMENTS - {"handle"})
+    if unexpected:
+        raise PagingError(
+            "invalid_arguments",
+            f"{tool} got unexpected arguments {unexpected}; it takes handle= and either "
+            "offset=/length= or pattern= (with ignore_case=, max_matches=)",
+        )
+    pattern = arguments.get("pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str) or not 0 < len(pattern) <= MAX_PATTERN_CHARS:
+            raise PagingError(
+                "invalid_arguments",
+                f"pattern must be a non-empty str of at most {MAX_PATTERN_CHARS} characters",
+            )
+        if "offset" in arguments or "length" in arguments:
+            raise PagingError(
+                "invalid_arguments", "give either pattern= or offset=/length=, not both"
+            )
+        ignore_case = arguments.get("ignore_case", False)
+        max_matches = arguments.get("max_matches", DEFAULT_MAX_MATCHES)
+        if not isinstance(ignore_case, bool):
+            raise PagingError("invalid_arguments", "ignore_case must be a bool")
+        if not _is_int(max_matches) or not 0 < max_matches <= MAX_MATCHES:
+            raise PagingError(
+                "invalid_arguments", f"max_matches must be an int from 1 to {MAX_MATCHES}"
+            )
+        return await search(
+            data,
+            pattern,
+            ignore_case=ignore_case,
+            max_matches=max_matches,
+            settings=settings,
+            work=work,
+        )
+    offset = arguments.get("offset", 0)
+    length = arguments.get("length", DEFAULT_WINDOW_CHARS)
+    if not _is_int(offset) or offset < 0:
+        raise PagingError("invalid_arguments", "offset must be an int >= 0")
+    if not _is_int(length) or length <= 0:
+        raise PagingError("invalid_arguments", "length must be an int > 0")
+    return read_window(data, offset, min(length, max(1, max_window_chars)))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .budgets import BindingBudgets
-from .grading import Level
+from .grading import Level, LevelSetting
 from .output import OutputPolicy
 from .terms import ExecutionLimits
 
@@ -28,7 +28,7 @@ class ProfileConfig(BaseModel):
     #: The deployment's caps; requests and tenant policy can only narrow them.
     limits: ExecutionLimits = Field(default_factory=ExecutionLimits)
     #: The lowest level an execution under this profile may run at.
-    required_level: Level = Level.NONE
+    required_level: LevelSetting = Level.NONE
     #: Whether programs under this profile may be granted network access at all.
     allow_network: bool = False
     #: Budgets on binding calls; tenant policy may narrow them, a request never.
@@ -55,7 +55,7 @@ class DeploymentConfig(BaseModel):
     #: The lowest level any execution under any profile may run at: below it, a run is
     #: refused before the program runs (isolation_unavailable). One setting makes a
     #: deployment refuse rather than fall back to a weaker backend.
-    required_level: Level = Level.NONE
+    required_level: LevelSetting = Level.NONE
     #: Backend ids ``default`` tries first within a level, before the built-in order (see
     #: selection.py): how a deployment prefers a third-party backend.
     backend_preference: list[str] = Field(default_factory=list)

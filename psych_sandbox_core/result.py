@@ -7,11 +7,13 @@ wire format, pinned by tests/test_result_json.py: plain strings, in the order gi
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from .errors import GUIDANCE, ErrorKind
+from .errors import EXCEPTION_GUIDANCE, GUIDANCE, ErrorKind
 from .grading import Grade, Guarantee, Level
 
 
@@ -32,7 +34,10 @@ class ExecutionFailure(BaseModel):
 
     @classmethod
     def of(cls, kind: ErrorKind, message: str, **extra: Any) -> ExecutionFailure:
-        return cls(kind=kind, message=message, guidance=GUIDANCE[kind], **extra)
+        guidance = GUIDANCE[kind]
+        if kind is ErrorKind.EXCEPTION:
+            guidance = EXCEPTION_GUIDANCE.get(extra.get("exception_type") or "", guidance)
+        return cls(kind=kind, message=message, guidance=guidance, **extra)
 
 
 class StreamOutput(BaseModel):
@@ -217,3 +222,91 @@ class ExecutionResult(BaseModel):
     def to_json_object(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
         return data
+
+    def for_model(self, max_chars: int = 4000, *, reader: str | None = "read_output") -> str:
+        """The compact view a tool loop hands back to a model, at most ``max_chars``
+        characters: what was printed, what was returned, and on failure its kind, message,
+        the program's own traceback and guidance; where something was cut, how to read the
+        rest (``reader``: the binding a later program reads an output through, None to name
+        only the handle). Grades, digests and usage stay on the full result."""
+        if max_chars < 1:
+            raise ValueError("max_chars must be at least 1")
+        return _model_view(self, max_chars, reader)
+
+
+@dataclass
+class _Section:
+    label: str
+    text: str
+    #: The attachment holding the whole, if one was recorded.
+    handle: str | None = None
+    #: Already shortened before this view (at capture, or for the stream's preview).
+    cut: bool = False
+
+
+def _model_view(result: ExecutionResult, max_chars: int, reader: str | None) -> str:
+    error = result.error
+    status = "ok" if error is None else f"failed: {error.kind.value}: {error.message}"
+    sections = []
+    for label, text, info in (
+        ("stdout", result.stdout, result.stdout_info),
+        ("stderr", result.stderr, result.stderr_info),
+    ):
+        if text:
+            cut = bool(info.omitted_bytes or info.dropped_bytes)
+            sections.append(_Section(label, text, info.attachment, cut))
+    if error is None and result.return_value is not None:
+        handle = next((a.handle for a in result.attachments if a.name == "return_value"), None)
+        sections.append(
+            _Section("returned", json.dumps(result.return_value, ensure_ascii=False), handle)
+        )
+    if error is not None:
+        if error.traceback:
+            sections.append(_Section("traceback", error.traceback))
+        sections.append(_Section("guidance", error.guidance))
+    # The status line first, whole up to half the budget; then each section gets an equal
+    # share of what is left, a section that needs less handing the rest on to later ones.
+    status = _clip_middle(status, max_chars // 2)
+    room = max_chars - len(status)
+    parts = [status]
+    for index, section in enumerate(sections):
+        share = room // (len(sections) - index)
+        header = f"\n{section.label}:\n"
+        body = section.text.rstrip("\n")
+        note = _read_more(section, reader, result) if section.cut else ""
+        if len(header) + len(body) + len(note) > share:
+            note = note or _read_more(section, reader, result)
+            body = _clip_middle(body, max(0, share - len(header) - len(note)))
+        piece = header + body + note
+        parts.append(piece)
+        room -= len(piece)
+    return "".join(parts)[:max_chars]
+
+
+def _read_more(section: _Section, reader: str | None, result: ExecutionResult) -> str:
+    """Where the whole of a cut section can be read, if anywhere."""
+    label, handle = section.label, section.handle
+    attachment = next((a for a in result.attachments if a.handle == handle), None)
+    if handle is None or attachment is None or attachment.stored == "preview_only":
+        return f"\n[{label} cut; the whole was not kept]"
+    partly = "" if attachment.complete else " (what capture kept of it)"
+    if reader is None:
+        return (
+            f"\n[{label} cut; the whole{partly} is attachment {handle!r} of run {result.run_id!r}]"
+        )
+    return (
+        f"\n[{label} cut; a later program of this run reads the whole{partly} with "
+        f"await {reader}({handle!r}, offset=0) or pattern=...]"
+    )
+
+
+def _clip_middle(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: its head and tail, the middle counted."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n[... {len(text)} characters; middle cut ...]\n"
+    if limit <= len(marker) + 2:
+        return text[:limit]
+    keep = limit - len(marker)
+    head = keep // 2
+    return text[:head] + marker + text[len(text) - (keep - head) :]

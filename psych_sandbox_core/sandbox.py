@@ -12,7 +12,7 @@ from anyio.abc import TaskGroup
 
 from .attachments import DEFAULT_RUNS_IN_MEMORY, DEFAULT_WINDOW_BYTES, AttachmentLedger, Window
 from .backend import Backend
-from .bindings import BindingProvider, CallServer, ExecutionScope
+from .bindings import BindingProvider, CallServer, ExecutionScope, ToolSpec
 from .blobstore import BlobStore
 from .config import ConfigSource, check_config, create_backend, resolve_config
 from .errors import (
@@ -38,7 +38,7 @@ from .pool import WarmPool
 from .preservation import OutputContext
 from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .registry import BackendRegistry
-from .result import BackendIdentity, ExecutionResult
+from .result import BackendIdentity, ExecutionFailure, ExecutionResult
 from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
 from .selection import Selection
 from .selection_cache import SelectionCache
@@ -203,16 +203,28 @@ class Sandbox:
             budgets = budgets.narrowed(policy.budgets)
         execution_id = uuid.uuid4().hex
         # Asked at the start of every execution: a tool withdrawn since the last one is gone.
-        specs = list(await bindings.list_tools()) if bindings is not None else []
-        calls = CallServer(
-            bindings,
-            specs,
-            budgets=budgets,
-            run_log=self._ephemeral_run_log if run_id is None else self._durable_log(),
-            scope=ExecutionScope(tenant, run_id or execution_id, execution_id),
-            blob_store=self.blob_store if bindings is not None else None,
-            search=self._search,
-        )
+        specs, failure = await _listed_tools(bindings, limits.wall_seconds)
+        scope = ExecutionScope(tenant, run_id or execution_id, execution_id)
+        run_log = self._ephemeral_run_log if run_id is None else self._durable_log()
+        outputs = self.attachments if loaded.config.output.read_output else None
+        try:
+            calls = CallServer(
+                bindings if failure is None else None,
+                specs,
+                budgets=budgets,
+                run_log=run_log,
+                scope=scope,
+                blob_store=self.blob_store if bindings is not None else None,
+                search=self._search,
+                outputs=outputs,
+            )
+        except ConfigurationError as exc:
+            # What the provider listed cannot be offered (a name twice, too many): its fault,
+            # reported on the result like any failure, never raised out of run().
+            failure = _provider_failure(f"it listed tools that cannot be offered: {exc}")
+            calls = CallServer(None, [], budgets=budgets, run_log=run_log, scope=scope)
+        if failure is not None:
+            refusal = refusal or failure
         plan = ExecutionPlan(
             source=source,
             limits=limits,
@@ -402,6 +414,32 @@ class Sandbox:
         if self._remembered is None:
             self._remembered = await remembered_or_selected(self.registry, preference, cache)
         return self._remembered
+
+
+async def _listed_tools(
+    bindings: BindingProvider | None, wall_seconds: float
+) -> tuple[list[ToolSpec], ExecutionFailure | None]:
+    """The tools ``bindings`` lists now, or why it could not (a failure, as data): a provider
+    that raises or does not answer within the execution's wall clock fails the execution."""
+    if bindings is None:
+        return [], None
+    try:
+        with anyio.fail_after(wall_seconds):
+            specs = list(await bindings.list_tools())
+    except TimeoutError:
+        return [], _provider_failure(f"listing the tools did not finish within {wall_seconds:g} s")
+    except Exception as exc:
+        return [], _provider_failure(f"listing the tools raised {type(exc).__name__}: {exc}")
+    if not all(isinstance(spec, (ToolSpec, str)) for spec in specs):
+        return [], _provider_failure("it listed something that is not a ToolSpec")
+    return specs, None
+
+
+def _provider_failure(why: str) -> ExecutionFailure:
+    return ExecutionFailure.of(
+        ErrorKind.PROVIDER_ERROR,
+        f"the binding provider failed, so the program did not run: {why}"[:4096],
+    )
 
 
 def _with_notes(result: ExecutionResult, selection: Selection | None) -> ExecutionResult:

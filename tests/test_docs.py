@@ -79,3 +79,7 @@ def test_sync_guide_example_runs_and_prints_what_it_claims() -> None:
 
 def test_provider_shapes_guide_example_runs_and_prints_what_it_claims() -> None:
     _run_guide("provider-shapes.md")
+
+
+def test_bindings_guide_example_runs_and_prints_what_it_claims() -> None:
+    _run_guide("bindings.md")

@@ -15,6 +15,8 @@ from .limits import (
     ARTIFACT_CHUNK_BASE64_CHARS,
     MAX_ARTIFACT_PATH_CHARS,
     MAX_CALL_ID,
+    MAX_CATALOGUE_DESCRIPTION_CHARS,
+    MAX_CATALOGUE_SCHEMA_CHARS,
     MAX_SOURCE_BYTES,
     MAX_TEXT_CHARS,
     MAX_TOOL_NAME_CHARS,
@@ -163,6 +165,8 @@ class ChildLimits(Frame):
     #: channel's ceiling). The child refuses larger arguments itself: a call frame longer
     #: than this plus its envelope is a protocol violation, refused by its length.
     argument_bytes: Annotated[int, Field(gt=0)] | None = None
+    #: Calls the program may have in flight at once (None: the child's default, 16).
+    calls_in_flight: Annotated[int, Field(gt=0)] | None = None
 
 
 class ArtifactRequest(Frame):
@@ -176,10 +180,23 @@ class ArtifactRequest(Frame):
     total_bytes: Annotated[int, Field(ge=1, le=MAX_CALL_ID)]
 
 
+class CatalogueEntry(Frame):
+    """What the program's TOOLS says about one tool (see catalogue.py)."""
+
+    name: ToolName
+    description: Annotated[str, Field(max_length=MAX_CATALOGUE_DESCRIPTION_CHARS)] = ""
+    #: The input schema as compact JSON text, parsed by the child only if the program reads
+    #: it; None when unknown or left out (get_tool_info has it).
+    input_schema_json: Annotated[str, Field(max_length=MAX_CATALOGUE_SCHEMA_CHARS)] | None = None
+
+
 class RunFrame(Frame):
     type: Literal["run"] = "run"
     source: Annotated[str, Field(max_length=MAX_SOURCE_BYTES)]
+    #: Every name a call may carry (the catalogue lookups included).
     tools: Annotated[list[ToolName], Field(max_length=MAX_TOOLS)]
+    #: The tools the program's TOOLS lists, described; None: TOOLS lists ``tools`` by name.
+    catalogue: Annotated[list[CatalogueEntry], Field(max_length=MAX_TOOLS)] | None = None
     limits: ChildLimits
     #: Send the workspace's files before the result (None: the host collects, or nobody).
     artifacts: ArtifactRequest | None = None

@@ -57,6 +57,16 @@ MAX_SOURCE_BYTES = 4 * 1024 * 1024
 MAX_TOOLS = 4096
 MAX_TOOL_NAME_CHARS = 256
 
+#: What the run frame says about each tool, so the program can read it from TOOLS: a
+#: description cut to this many characters, and an input schema (compact JSON text) only up
+#: to this many; all descriptions and schemas together at most MAX_CATALOGUE_CHARS, past which
+#: tools travel by name alone. With the names and the source that keeps a run frame under
+#: MAX_HOST_FRAME_BYTES at 12 bytes a character, escaped; the program asks get_tool_info for
+#: what was left out.
+MAX_CATALOGUE_DESCRIPTION_CHARS = 1024
+MAX_CATALOGUE_SCHEMA_CHARS = 16 * 1024
+MAX_CATALOGUE_CHARS = 2 * 1024 * 1024
+
 #: Longest free-text field (messages, tracebacks, type names) the host keeps from a child.
 MAX_TEXT_CHARS = 256 * 1024
 
