@@ -132,10 +132,6 @@ class ProgramTerms:
     argument_bytes: int
     #: Names offered to the program (the call server's).
     tools: list[str]
-    #: What the program's TOOLS says about each (bounded; see catalogue.py).
-    catalogue: list[CatalogueEntry] | None
-    #: How many of the program's calls may be in flight at once.
-    calls_in_flight: int
     #: A refusal the outcome functions found in the terms and the grades as they stand
     #: now (see outcome.refusal_of).
     refusal: ExecutionFailure | None
@@ -143,6 +139,10 @@ class ProgramTerms:
     cancelled: bool = False
     collector: ChannelCollector | None = None
     end_marker: str | None = None
+    #: What the program's TOOLS says about each (bounded; see catalogue.py).
+    catalogue: list[CatalogueEntry] | None = None
+    #: How many of the program's calls may be in flight at once (None: the child's default).
+    calls_in_flight: int | None = None
 
     @property
     def refused(self) -> bool:

@@ -129,7 +129,7 @@ return out, errors
     assert "at most 2 positional arguments (a, b)" in errors[0]
     assert "multiple values for argument 'a'" in errors[1]
     # Only the calls that were made reached the host.
-    assert [c["name"] for c in result.calls] == ["add", "add", "search", "search"]
+    assert [c.name for c in result.calls] == ["add", "add", "search", "search"]
 
 
 async def test_the_catalogue_lookups_are_callable_bounded_and_counted() -> None:
@@ -157,7 +157,7 @@ return listed, found, info, kinds, "list_tools" in TOOLS
     assert kinds == ["unknown_tool", "invalid_arguments"]
     assert not lookups_listed  # helpers, like call_tool, not tools
     # Lookups are binding calls: counted against the budget like any other.
-    assert [c["name"] for c in result.calls][:3] == ["list_tools", "list_tools", "get_tool_info"]
+    assert [c.name for c in result.calls][:3] == ["list_tools", "list_tools", "get_tool_info"]
 
 
 class Described(BindingProvider):
@@ -497,7 +497,7 @@ async def test_calls_beyond_the_limit_in_flight_wait_their_turn_in_order() -> No
     assert result.error is None, result.error
     assert result.return_value == [i + 100 for i in range(12)]
     # The host accepts only exact successors: twelve accepted calls are ids 0..11.
-    assert [c["outcome"] for c in result.calls] == ["ok"] * 12
+    assert [c.outcome for c in result.calls] == ["ok"] * 12
 
 
 async def test_a_call_cancelled_while_it_waits_for_a_place_is_never_sent() -> None:
@@ -517,7 +517,7 @@ return await first, second.cancelled(), third
         )
     assert result.error is None, result.error
     assert result.return_value == [3, True, 7]
-    assert [c["name"] for c in result.calls] == ["add", "add"]
+    assert [c.name for c in result.calls] == ["add", "add"]
 
 
 async def test_a_call_that_times_out_in_the_program_no_longer_blocks_it() -> None:
