@@ -35,6 +35,7 @@ from .backend import Backend, BackendUnavailable, Launched, LaunchRequest, Probe
 from .bindings import BindingProvider, CallServer, ToolSpec
 from .budgets import ExecutionMeter
 from .channel import INLINE_DECODE_BYTES, FrameChannel
+from .child_env import child_environment as child_environment  # moved; importable here too
 from .errors import ErrorKind, ProtocolViolation
 from .grading import Grade, Guarantee, Level, grade, level_at_least, level_of
 from .host_work import HostWork
@@ -71,11 +72,6 @@ EXIT_AFTER_EARLY_RESULT_SECONDS = 2.0
 def bootstrap_source() -> str:
     """The child-side bootstrap, passed to the interpreter as ``-c`` source."""
     return resources.files(__package__).joinpath("bootstrap.py").read_text(encoding="utf-8")
-
-
-def child_environment(temp_dir: str) -> dict[str, str]:
-    """The child's whole environment: built from an allow-list, never copied."""
-    return {"TMPDIR": temp_dir}
 
 
 @dataclass(frozen=True)

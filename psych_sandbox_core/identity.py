@@ -30,7 +30,8 @@ import os
 import pwd
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, final
 
@@ -142,6 +143,47 @@ class IdentityLease:
                     pass
             os.close(self._fd)  # closing drops the flock
             self._fd = -1
+
+
+@dataclass
+class ExecutionIdentity:
+    """The host uid and gid one execution runs as, and whether they are its alone."""
+
+    #: (uid, gid), or None where the backend runs the execution under no identity of its own.
+    ids: tuple[int, int] | None
+    #: True for a lease (no other execution holds the uid while this one runs); False for a
+    #: fixed identity every execution shares, or none.
+    exclusive: bool
+    _proof: EmptyCgroup | None = field(default=None, repr=False)
+
+    def proven_empty(self, proof: EmptyCgroup | None) -> None:
+        """Record the kernel's proof that no process of the execution remains (the removed
+        cgroup that held its whole tree): retiring the lease then skips the scan of the
+        host's processes. None records nothing."""
+        if proof is not None:
+            self._proof = proof
+
+
+@asynccontextmanager
+async def leased_identity(
+    identities: IdentityRange, *, lease: bool, fixed: tuple[int, int] | None = None
+) -> AsyncIterator[ExecutionIdentity]:
+    """The identity one execution runs as: ``fixed`` where the deployment configured one,
+    else a uid leased from ``identities`` where ``lease`` (a root host), else none.
+
+    Enter it before anything runs as the identity and leave it once the execution's whole
+    tree is gone: leaving retires the lease (sweeps the uid, then gives it back; shielded),
+    whatever happened inside. Leasing fails with BackendUnavailable when every uid of the
+    range is in use."""
+    if fixed is not None or not lease:
+        yield ExecutionIdentity(fixed, exclusive=False)
+        return
+    held = await identities.lease_for_execution()
+    identity = ExecutionIdentity((held.uid, held.gid), exclusive=True)
+    try:
+        yield identity
+    finally:
+        await held.retire(identity._proof)
 
 
 @dataclass(frozen=True)
