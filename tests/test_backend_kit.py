@@ -30,12 +30,13 @@ from psych_sandbox_core.backend_kit import (
 )
 from psych_sandbox_core.testing.leftovers import own_uid
 
+from .import_rules import ROOT, core_imports
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "writing-a-backend.md"
 KIT = "psych_sandbox_core.backend_kit"
 #: The core's own modules a backend shipped inside the core may import besides the kit: the
@@ -56,30 +57,6 @@ def package_sources(project: Path) -> list[Path]:
         "targets"
     ]["wheel"]["packages"]
     return sorted(p for package in packages for p in (project / package).rglob("*.py"))
-
-
-def core_imports(path: Path, module: str) -> list[tuple[int, str]]:
-    """(line, module) of every import of the core in ``path`` (relative ones resolved)."""
-    found: list[tuple[int, str]] = []
-    package = module.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parts, *([node.module] if node.module else [])])
-            else:
-                base = node.module or ""
-            # `from psych_sandbox_core import cgroups` imports the module cgroups.
-            names = [base] if node.module else [f"{base}.{a.name}" for a in node.names]
-            if base == "psych_sandbox_core":
-                names = [f"{base}.{a.name}" for a in node.names]
-        found.extend(
-            (node.lineno, name) for name in names if name.split(".")[0] == "psych_sandbox_core"
-        )
-    return found
 
 
 def private_reads(path: Path) -> list[tuple[int, str]]:
