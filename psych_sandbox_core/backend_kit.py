@@ -65,6 +65,7 @@ from .identity import (
     ExecutionIdentity,
     IdentityRange,
     LeasedIdentityOptions,
+    host_is_root,
     leased_identity,
     remove_execution_cgroup,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "create_workspace",
     "execution_cgroup",
     "hookimpl",
+    "host_is_root",
     "leased_identity",
     "read_some",
     "remove_cgroup_tree",

@@ -61,6 +61,29 @@ class LeasedIdentityOptions(BackendOptions):
     def identity_range(self) -> IdentityRange:
         return IdentityRange(self.identity_first_uid, self.identity_count)
 
+    def leasable_range(self, *, leases: bool) -> IdentityRange:
+        """The range, checked against the host's accounts where uids will be leased from it
+        (a range holding an account is a configuration error, at load)."""
+        identities = self.identity_range()
+        if leases:
+            identities.check()
+        return identities
+
+    def fixed_identity(self, uid_setting: str, gid_setting: str) -> tuple[int, int] | None:
+        """The one identity every execution shares, where the deployment set the pair of
+        settings named (the weaker choice), else None; half a pair is a configuration
+        error."""
+        uid, gid = getattr(self, uid_setting), getattr(self, gid_setting)
+        if (uid is None) != (gid is None):
+            raise ConfigurationError(f"{uid_setting} and {gid_setting} go together")
+        return None if uid is None or gid is None else (int(uid), int(gid))
+
+
+def host_is_root() -> bool:
+    """Whether the host runs as root: only then are identities leased (the lease directory is
+    root's, and only root starts a child as another uid)."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
 
 class IdentityExhausted(Exception):
     """Every uid of the range is leased right now (more concurrent executions than uids)."""

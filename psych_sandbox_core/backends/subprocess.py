@@ -40,7 +40,6 @@ from ..backend_kit import (
     BackendOptions,
     BackendRegistrar,
     BackendUnavailable,
-    ConfigurationError,
     ExecutionCgroup,
     ExitStatus,
     InheritedSocketChannel,
@@ -56,6 +55,7 @@ from ..backend_kit import (
     create_workspace,
     execution_cgroup,
     hookimpl,
+    host_is_root,
     leased_identity,
     remove_tree,
     resolve_environment,
@@ -95,18 +95,14 @@ class SubprocessBackend(Backend):
         super().__init__(options)
         assert isinstance(options, SubprocessOptions)
         self.settings = options
-        self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        self.is_root = host_is_root()
         # The bootstrap drops the identity itself (Linux); elsewhere none is claimed.
         linux = sys.platform.startswith("linux")
         self.drops_identity = self.is_root and linux
-        self.fixed_identity: tuple[int, int] | None = None
-        if (options.drop_to_uid is None) != (options.drop_to_gid is None):
-            raise ConfigurationError("drop_to_uid and drop_to_gid go together")
-        if options.drop_to_uid is not None and options.drop_to_gid is not None:
-            self.fixed_identity = (options.drop_to_uid, options.drop_to_gid)
-        self.identities = options.identity_range()
-        if self.drops_identity and self.fixed_identity is None:
-            self.identities.check()
+        self.fixed_identity = options.fixed_identity("drop_to_uid", "drop_to_gid")
+        self.identities = options.leasable_range(
+            leases=self.drops_identity and self.fixed_identity is None
+        )
         # Resolved once, at load: a name that cannot be resolved fails configuration now.
         runner = "the unprivileged uid the program runs as"
         if options.environment is not None:

@@ -57,6 +57,7 @@ from psych_sandbox_core.backend_kit import (
     child_environment,
     execution_cgroup,
     hookimpl,
+    host_is_root,
     leased_identity,
     resolve_environment,
     resolve_interpreter,
@@ -137,16 +138,12 @@ class BwrapBackend(Backend):
         super().__init__(options)
         assert isinstance(options, BwrapOptions)
         self.settings = options
-        self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
-        if (options.host_uid is None) != (options.host_gid is None):
-            raise ConfigurationError("host_uid and host_gid go together")
+        self.is_root = host_is_root()
         #: A root host drops bwrap to a leased identity, or to the one configured.
-        self.fixed_runner: tuple[int, int] | None = None
-        if options.host_uid is not None and options.host_gid is not None:
-            self.fixed_runner = (options.host_uid, options.host_gid)
-        self.identities = options.identity_range()
-        if self.is_root and self.fixed_runner is None:
-            self.identities.check()
+        self.fixed_runner = options.fixed_identity("host_uid", "host_gid")
+        self.identities = options.leasable_range(
+            leases=self.is_root and self.fixed_runner is None
+        )
         self.bwrap = shutil.which(options.bwrap) if sys.platform.startswith("linux") else None
         runner = "the unprivileged host uid that runs bubblewrap"
         binds: list[str] = []

@@ -51,6 +51,7 @@ from psych_sandbox_core.backend_kit import (
     bootstrap_argv,
     child_environment,
     hookimpl,
+    host_is_root,
     leased_identity,
     wait_started,
 )
@@ -172,18 +173,13 @@ class DockerBackend(Backend):
         self.client = (
             api.EngineClient(self.socket_path) if self.socket_path is not None else None
         )
-        self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
-        if (options.container_uid is None) != (options.container_gid is None):
-            raise ConfigurationError("container_uid and container_gid go together")
-        self.fixed_identity: tuple[int, int] | None = None
-        if options.container_uid is not None and options.container_gid is not None:
-            self.fixed_identity = (options.container_uid, options.container_gid)
+        self.is_root = host_is_root()
+        self.fixed_identity = options.fixed_identity("container_uid", "container_gid")
         #: Only a root host can lease (the lock directory is root's) and give the control
         #: socket to the container's uid; a rootless one runs every container as nobody.
-        self.identities = options.identity_range()
-        self.leases = self.is_root and self.fixed_identity is None
-        if self.leases:
-            self.identities.check()
+        self.identities = options.leasable_range(
+            leases=self.is_root and self.fixed_identity is None
+        )
         #: The host's copy of the interpreter the image is built from: the physical floor a
         #: benchmark compares against.
         self.interpreter = INTERPRETER if os.path.exists(INTERPRETER) else sys.executable
