@@ -42,6 +42,7 @@ from .backend import (
     Launched,
     LaunchRequest,
     ProbeTargets,
+    ProcessLaunched,
 )
 from .cgroupfs import Hierarchy
 from .cgroupfs import hierarchies as cgroup_hierarchies
@@ -114,6 +115,7 @@ __all__ = [
     "ManagedProcess",
     "Mechanisms",
     "ProbeTargets",
+    "ProcessLaunched",
     "SubprocessBackend",
     "SubprocessOptions",
     "UnixSocketChannel",

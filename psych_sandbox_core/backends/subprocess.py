@@ -50,6 +50,7 @@ from ..backend_kit import (
     Level,
     ManagedProcess,
     Mechanisms,
+    ProcessLaunched,
     bootstrap_argv,
     child_environment,
     create_workspace,
@@ -269,7 +270,7 @@ INIT_REPORT_SECONDS = 30.0
 NAMESPACE_TEARDOWN_SECONDS = 5.0
 
 
-class _Launched(Launched):
+class _Launched(ProcessLaunched[InheritedSocketChannel]):
     def __init__(
         self,
         process: ManagedProcess,
@@ -279,19 +280,12 @@ class _Launched(Launched):
         *,
         cgroup: ExecutionCgroup | None = None,
     ) -> None:
-        self.process = process
+        super().__init__(process, channel, mechanisms)
         self.cgroup = cgroup
-        self.channel = channel
-        self.mechanisms = mechanisms
-        self.stdout = process.stdout
-        self.stderr = process.stderr
         self._namespace = namespace
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
         return None if self.cgroup is None else self.cgroup.usage()
-
-    async def wait_exited(self) -> None:
-        await self.process.wait_exited()
 
     async def terminate(self, grace_seconds: float) -> None:
         self.process.signal_group(signal.SIGTERM)

@@ -53,6 +53,7 @@ from psych_sandbox_core.backend_kit import (
     Level,
     ManagedProcess,
     Mechanisms,
+    ProcessLaunched,
     bootstrap_argv,
     child_environment,
     execution_cgroup,
@@ -330,7 +331,7 @@ class BwrapBackend(Backend):
                     identity.proven_empty(await cgroup.remove())
 
 
-class _Launched(Launched):
+class _Launched(ProcessLaunched[InheritedSocketChannel]):
     def __init__(
         self,
         process: ManagedProcess,
@@ -339,13 +340,9 @@ class _Launched(Launched):
         cgroup: ExecutionCgroup | None = None,
         memory_cap: int | None = None,
     ) -> None:
-        self.process = process
+        super().__init__(process, channel, mechanisms)
         self.cgroup = cgroup
         self.memory_cap = memory_cap
-        self.channel: InheritedSocketChannel = channel
-        self.mechanisms = mechanisms
-        self.stdout = process.stdout
-        self.stderr = process.stderr
         #: A pidfd on the pid namespace's init, once bwrap has said which host pid it is.
         self._init_fd: int | None = None
         self._status: ExitStatus | None = None
@@ -387,9 +384,6 @@ class _Launched(Launched):
         except ValueError:
             return {}
         return parsed if isinstance(parsed, dict) else {}
-
-    async def wait_exited(self) -> None:
-        await self.process.wait_exited()
 
     async def terminate(self, grace_seconds: float) -> None:
         # The program gets no polite signal: the pid namespace's init ignores SIGTERM, and
