@@ -10,14 +10,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar
 
 from anyio.abc import ByteReceiveStream
 from pydantic import BaseModel, ConfigDict
 
 from .channel import ChannelListener
 from .grading import Level, Mechanisms
-from .process import ExitStatus
+from .process import ExitStatus, ManagedProcess
 from .terms import ExecutionLimits
 
 
@@ -107,6 +107,25 @@ class Launched(ABC):
         Idempotent; must be safe to call after any failure."""
 
 
+Channel = TypeVar("Channel", bound=ChannelListener)
+
+
+class ProcessLaunched(Launched, Generic[Channel]):
+    """A started child that is one local process tree (a :class:`ManagedProcess`): its
+    streams are the process's, and it has exited when the process has. A subclass adds its
+    teardown (``terminate`` and ``finish``)."""
+
+    def __init__(self, process: ManagedProcess, channel: Channel, mechanisms: Mechanisms) -> None:
+        self.process = process
+        self.channel: Channel = channel
+        self.mechanisms = mechanisms
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+
+    async def wait_exited(self) -> None:
+        await self.process.wait_exited()
+
+
 @dataclass(frozen=True)
 class Availability:
     available: bool
@@ -141,4 +160,3 @@ class Backend(ABC):
     def launch(self, request: LaunchRequest) -> AbstractAsyncContextManager[Launched]:
         """Start the child. Leaving the context tears everything down: no process, fd,
         temporary directory or mount survives it, whatever happened inside."""
-

@@ -178,6 +178,14 @@ class ExecutionCgroup:
         except (OSError, ValueError, KeyError):
             return None, None
 
+    async def final_usage(self) -> tuple[float | None, int | None]:
+        """CPU seconds and peak memory once nothing is left to run in the cgroup (stragglers
+        are killed first, shielded); (None, None) when it could not be emptied, since usage
+        is final only then."""
+        with anyio.CancelScope(shield=True):
+            empty = await self.drain()
+        return self.usage() if empty else (None, None)
+
     def oom_killed(self) -> bool | None:
         """Whether the out-of-memory killer ended a process of this cgroup (None: unknown)."""
         try:

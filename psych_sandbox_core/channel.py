@@ -53,6 +53,23 @@ class InheritedSocketChannel(ChannelListener):
         self._child.set_inheritable(True)
         self.child_spec = f"fd:{self._child.fileno()}"
         self.inherited_fds = (self._child.fileno(),)
+
+    def spoken(self) -> bool:
+        """Whether the child has written to the channel (a byte peeked, not consumed); False
+        at end of stream. A backend that cannot otherwise tell when its sandbox is up (bwrap)
+        takes the bootstrap's first byte as the sign."""
+        try:
+            return bool(self._host.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:
+            return False
+
+    async def wait_spoken(self) -> None:
+        """Return once the child has written to the channel. At end of stream (every holder
+        of the child's end is gone) it never returns: the child's exit decides then."""
+        await anyio.wait_readable(self._host)
+        if not self.spoken():
+            await anyio.sleep_forever()
+
     def remap_child_fd(self, number: int) -> None:
         """Tell the child the descriptor number it will see (when a launcher renumbers it)."""
         self.child_spec = f"fd:{number}"

@@ -35,7 +35,6 @@ __all__ = [
     "NotPrepared",
     "PreparedChild",
     "bootstrap_source",
-    "child_environment",
     "execute",
     "prepare",
 ]
@@ -45,11 +44,6 @@ __all__ = [
 def bootstrap_source() -> str:
     """The child-side bootstrap, passed to the interpreter as ``-c`` source."""
     return resources.files(__package__).joinpath("bootstrap.py").read_text(encoding="utf-8")
-
-
-def child_environment(temp_dir: str) -> dict[str, str]:
-    """The child's whole environment: built from an allow-list, never copied."""
-    return {"TMPDIR": temp_dir}
 
 
 async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:

@@ -29,7 +29,8 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, final
 
@@ -62,6 +63,29 @@ class LeasedIdentityOptions(BackendOptions):
 
     def identity_range(self) -> IdentityRange:
         return IdentityRange(self.identity_first_uid, self.identity_count)
+
+    def leasable_range(self, *, leases: bool) -> IdentityRange:
+        """The range, checked against the host's accounts where uids will be leased from it
+        (a range holding an account is a configuration error, at load)."""
+        identities = self.identity_range()
+        if leases:
+            identities.check()
+        return identities
+
+    def fixed_identity(self, uid_setting: str, gid_setting: str) -> tuple[int, int] | None:
+        """The one identity every execution shares, where the deployment set the pair of
+        settings named (the weaker choice), else None; half a pair is a configuration
+        error."""
+        uid, gid = getattr(self, uid_setting), getattr(self, gid_setting)
+        if (uid is None) != (gid is None):
+            raise ConfigurationError(f"{uid_setting} and {gid_setting} go together")
+        return None if uid is None or gid is None else (int(uid), int(gid))
+
+
+def host_is_root() -> bool:
+    """Whether the host runs as root: only then are identities leased (the lease directory is
+    root's, and only root starts a child as another uid)."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 class IdentityExhausted(Exception):
@@ -145,6 +169,47 @@ class IdentityLease:
                     pass
             os.close(self._fd)  # closing drops the flock
             self._fd = -1
+
+
+@dataclass
+class ExecutionIdentity:
+    """The host uid and gid one execution runs as, and whether they are its alone."""
+
+    #: (uid, gid), or None where the backend runs the execution under no identity of its own.
+    ids: tuple[int, int] | None
+    #: True for a lease (no other execution holds the uid while this one runs); False for a
+    #: fixed identity every execution shares, or none.
+    exclusive: bool
+    _proof: EmptyCgroup | None = field(default=None, repr=False)
+
+    def proven_empty(self, proof: EmptyCgroup | None) -> None:
+        """Record the kernel's proof that no process of the execution remains (the removed
+        cgroup that held its whole tree): retiring the lease then skips the scan of the
+        host's processes. None records nothing."""
+        if proof is not None:
+            self._proof = proof
+
+
+@asynccontextmanager
+async def leased_identity(
+    identities: IdentityRange, *, lease: bool, fixed: tuple[int, int] | None = None
+) -> AsyncIterator[ExecutionIdentity]:
+    """The identity one execution runs as: ``fixed`` where the deployment configured one,
+    else a uid leased from ``identities`` where ``lease`` (a root host), else none.
+
+    Enter it before anything runs as the identity and leave it once the execution's whole
+    tree is gone: leaving retires the lease (sweeps the uid, then gives it back; shielded),
+    whatever happened inside. Leasing fails with BackendUnavailable when every uid of the
+    range is in use."""
+    if fixed is not None or not lease:
+        yield ExecutionIdentity(fixed, exclusive=False)
+        return
+    held = await identities.lease_for_execution()
+    identity = ExecutionIdentity((held.uid, held.gid), exclusive=True)
+    try:
+        yield identity
+    finally:
+        await held.retire(identity._proof)
 
 
 @dataclass(frozen=True)

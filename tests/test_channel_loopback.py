@@ -16,6 +16,7 @@ import pytest
 
 from psych_sandbox_core import ExecutionLimits, Sandbox
 from psych_sandbox_core.backend import Backend, Launched, LaunchRequest
+from psych_sandbox_core.backend_kit import child_environment
 from psych_sandbox_core.channel import FrameChannel
 from psych_sandbox_core.channel_loopback import (
     MAX_REFUSED_CONNECTIONS,
@@ -24,7 +25,6 @@ from psych_sandbox_core.channel_loopback import (
 from psych_sandbox_core.errors import ProtocolViolation
 from psych_sandbox_core.grading import Level, Mechanisms
 from psych_sandbox_core.hookspecs import hookimpl
-from psych_sandbox_core.host import child_environment
 from psych_sandbox_core.process import ExitStatus, ManagedProcess
 from psych_sandbox_core.profiles import DeploymentConfig, ProfileConfig
 from psych_sandbox_core.registry import BackendRegistry

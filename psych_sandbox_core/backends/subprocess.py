@@ -20,7 +20,6 @@ a cgroup, usage is not measured.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -35,32 +34,43 @@ from typing import Annotated, ClassVar
 import anyio
 from pydantic import Field
 
-from .. import cgroups, hookspecs
-from ..backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
-from ..channel import InheritedSocketChannel
-from ..errors import ConfigurationError
-from ..grading import Level, Mechanisms
-from ..host import child_environment
-from ..identity import (
-    IdentityLease,
-    LeasedIdentityOptions,
-)
-from ..interpreter import (
+from ..backend_kit import (
     SYSTEM_CANDIDATES,
+    Backend,
+    BackendOptions,
+    BackendRegistrar,
+    BackendUnavailable,
+    ExecutionCgroup,
+    ExitStatus,
+    InheritedSocketChannel,
     InterpreterOptions,
+    Launched,
+    LaunchRequest,
+    LeasedIdentityOptions,
+    Level,
+    ManagedProcess,
+    Mechanisms,
+    ProcessLaunched,
+    bootstrap_argv,
+    child_environment,
+    create_workspace,
+    execution_cgroup,
+    hookimpl,
+    host_is_root,
+    leased_identity,
+    remove_tree,
     resolve_environment,
     resolve_interpreter,
 )
+
+# The one mechanism of this backend's own: a pid namespace whose init it holds by a pidfd.
 from ..pid_namespace import PidNamespace
-from ..process import ExitStatus, ManagedProcess
-from ..workspace import create_workspace, remove_tree
 
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-
 
 
 class SubprocessOptions(LeasedIdentityOptions, InterpreterOptions):
@@ -86,23 +96,21 @@ class SubprocessBackend(Backend):
         super().__init__(options)
         assert isinstance(options, SubprocessOptions)
         self.settings = options
-        self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        self.is_root = host_is_root()
         # The bootstrap drops the identity itself (Linux); elsewhere none is claimed.
         linux = sys.platform.startswith("linux")
         self.drops_identity = self.is_root and linux
-        self.fixed_identity: tuple[int, int] | None = None
-        if (options.drop_to_uid is None) != (options.drop_to_gid is None):
-            raise ConfigurationError("drop_to_uid and drop_to_gid go together")
-        if options.drop_to_uid is not None and options.drop_to_gid is not None:
-            self.fixed_identity = (options.drop_to_uid, options.drop_to_gid)
-        self.identities = options.identity_range()
-        if self.drops_identity and self.fixed_identity is None:
-            self.identities.check()
+        self.fixed_identity = options.fixed_identity("drop_to_uid", "drop_to_gid")
+        self.identities = options.leasable_range(
+            leases=self.drops_identity and self.fixed_identity is None
+        )
         # Resolved once, at load: a name that cannot be resolved fails configuration now.
         runner = "the unprivileged uid the program runs as"
         if options.environment is not None:
             self.interpreter = resolve_environment(
-                options.environment, reachable_by_any_uid=self.drops_identity, runner=runner,
+                options.environment,
+                reachable_by_any_uid=self.drops_identity,
+                runner=runner,
                 bound_read_only=False,
             ).executable
         else:
@@ -127,14 +135,14 @@ class SubprocessBackend(Backend):
             return "the subprocess backend needs a POSIX host"
         return None
 
-    async def execution_cgroup(self) -> cgroups.ExecutionCgroup | None:
+    async def execution_cgroup(self) -> ExecutionCgroup | None:
         """A fresh cgroup ready to be joined, measuring usage only; None where there can be
         none (then usage is not measured)."""
         if not self.drops_identity:
             # Only a root host makes cgroups, and only a program that is not root cannot
             # leave its own.
             return None
-        return await cgroups.prepared(self.id)
+        return await execution_cgroup(self.id)
 
     def mechanisms(self) -> Mechanisms:
         pid_namespace = bool(self.namespaces & CLONE_NEWPID)
@@ -152,20 +160,25 @@ class SubprocessBackend(Backend):
 
     @asynccontextmanager
     async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
-        lease: IdentityLease | None = None
-        identity: tuple[int, int] | None = self.fixed_identity
-        if self.drops_identity and identity is None:
-            lease = await self.identities.lease_for_execution()
-            identity = (lease.uid, lease.gid)
-        try:
-            workspace = create_workspace(identity)
-        except BaseException:
-            if lease is not None:
-                lease.release()
-            raise
+        # Whatever still runs as this execution's uid, and whatever it left on the host without
+        # a process, goes before the uid is reused (leaving the lease sweeps it). Always: a pid
+        # namespace is no proof that nothing runs under the uid elsewhere.
+        async with (
+            leased_identity(
+                self.identities, lease=self.drops_identity, fixed=self.fixed_identity
+            ) as identity,
+            self._launch(request, identity.ids, exclusive=identity.exclusive) as launched,
+        ):
+            yield launched
+
+    @asynccontextmanager
+    async def _launch(
+        self, request: LaunchRequest, identity: tuple[int, int] | None, *, exclusive: bool
+    ) -> AsyncIterator[Launched]:
+        workspace = create_workspace(identity)
         channel = InheritedSocketChannel()
         process: ManagedProcess | None = None
-        cgroup: cgroups.ExecutionCgroup | None = None
+        cgroup: ExecutionCgroup | None = None
         namespace: PidNamespace | None = None
         # The bootstrap reports its namespace's init here (a pidfd, by SCM_RIGHTS).
         report, report_child = (
@@ -176,14 +189,7 @@ class SubprocessBackend(Backend):
         try:
             cgroup = await self.execution_cgroup()
             join_fds = cgroup.join_fds if cgroup is not None else []
-            argv = [
-                self.interpreter,
-                "-I",
-                "-u",
-                *request.bootstrap_command(self.interpreter),
-                f"channel={channel.child_spec}",
-                "probe=" + json.dumps(request.probe.as_json_object()),
-            ]
+            argv = bootstrap_argv(self.interpreter, request, channel.child_spec)
             if self.contain:
                 uid, gid = identity if identity is not None else ("", "")
                 argv.append(f"contain={self.namespaces}:{uid}:{gid}:{os.getpid()}")
@@ -227,7 +233,7 @@ class SubprocessBackend(Backend):
                         f"{INIT_REPORT_SECONDS:g} s"
                     ) from None
             mechanisms = self.mechanisms()
-            if lease is not None:
+            if exclusive:
                 # A leased uid is this execution's alone; a fixed drop_to_uid is every one's.
                 mechanisms = mechanisms.model_copy(update={"exclusive_identity": True})
             if report is not None and namespace is None:
@@ -254,11 +260,6 @@ class SubprocessBackend(Backend):
                     await cgroup.remove()
                 # In a worker thread: a program can leave hundreds of thousands of files, and
                 # the event loop serves every other execution's clock meanwhile.
-                if lease is not None:
-                    # Whatever still runs as this execution's uid, and whatever it left on
-                    # the host without a process, goes before the uid is reused. Always: a
-                    # pid namespace is no proof that nothing runs under the uid elsewhere.
-                    await lease.retire()
                 await anyio.to_thread.run_sync(remove_tree, workspace)
 
 
@@ -269,7 +270,7 @@ INIT_REPORT_SECONDS = 30.0
 NAMESPACE_TEARDOWN_SECONDS = 5.0
 
 
-class _Launched(Launched):
+class _Launched(ProcessLaunched[InheritedSocketChannel]):
     def __init__(
         self,
         process: ManagedProcess,
@@ -277,21 +278,14 @@ class _Launched(Launched):
         mechanisms: Mechanisms,
         namespace: PidNamespace | None,
         *,
-        cgroup: cgroups.ExecutionCgroup | None = None,
+        cgroup: ExecutionCgroup | None = None,
     ) -> None:
-        self.process = process
+        super().__init__(process, channel, mechanisms)
         self.cgroup = cgroup
-        self.channel = channel
-        self.mechanisms = mechanisms
-        self.stdout = process.stdout
-        self.stderr = process.stderr
         self._namespace = namespace
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
         return None if self.cgroup is None else self.cgroup.usage()
-
-    async def wait_exited(self) -> None:
-        await self.process.wait_exited()
 
     async def terminate(self, grace_seconds: float) -> None:
         self.process.signal_group(signal.SIGTERM)
@@ -308,14 +302,7 @@ class _Launched(Launched):
         # wait4's rusage stops at what was reaped: a program that ignores SIGCHLD hides its
         # children's usage from it. Only the cgroup counts everything; without one, usage is
         # not measured rather than reported low.
-        cpu: float | None = None
-        peak: int | None = None
-        if self.cgroup is not None:
-            with anyio.CancelScope(shield=True):
-                # Usage is final only once nothing is left to run in the cgroup.
-                empty = await self.cgroup.drain()
-            if empty:
-                cpu, peak = self.cgroup.usage()
+        cpu, peak = (None, None) if self.cgroup is None else await self.cgroup.final_usage()
         return replace(status, cpu_seconds=cpu, peak_memory_bytes=peak, tree_ended=ended)
 
 
@@ -390,6 +377,6 @@ def _unshare_trial(libc: ctypes.CDLL, interpreter: str, flags: int) -> bool:
     return True
 
 
-@hookspecs.hookimpl
-def psych_sandbox_register_backends(registry: hookspecs.BackendRegistrar) -> None:
+@hookimpl
+def psych_sandbox_register_backends(registry: BackendRegistrar) -> None:
     registry.add(SubprocessBackend)

@@ -14,6 +14,12 @@ The tests run real programs and assert from the host: processes looked up in /pr
 a canary watched with inotify, connections counted by loopback listeners, the host's
 temporary directory listed. They need pytest and anyio's pytest plugin (the core's ``test``
 extra); pytest is not a run-time dependency of the core.
+
+Which tests a backend inherits follows from what its test class declares (``enforced``,
+``workspace_on_host``, ``processes_visible`` and the rest): a backend that claims a
+filesystem boundary gets the tests of one, a backend whose workspace the host cannot reach gets
+the tests of artifacts sent over the channel, one that enforces identity on a root host the
+tests of leased uids. What a backend does not claim is not asked of it, and is graded so.
 """
 
 from __future__ import annotations
@@ -21,15 +27,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import anyio.abc
@@ -45,20 +53,33 @@ from ..bindings import BindingProvider, FunctionBindings
 from ..errors import ErrorKind
 from ..grading import Guarantee
 from ..identity import LeasedIdentityOptions
+from ..output import OutputPolicy
 from ..profiles import DeploymentConfig, ProfileConfig
 from ..registry import BackendRegistry
-from ..result import ExecutionResult
+from ..result import ExecutionResult, SkippedEntry
 from ..sandbox import Sandbox
+from ..sweep import has_keys
 from ..terms import ExecutionLimits
 from .host import (
     HostBaseline,
     environ_of,
+    host_processes,
     marker,
     opens_of,
     pids_with,
     private_tempdir,
+    reap_children,
+    uids_of,
     wait_for_pids,
 )
+from .leftovers import (
+    finding_program,
+    host_leftovers,
+    host_targets,
+    own_uid,
+    planting_program,
+)
+from .programs import PLANTED_ARTIFACTS, SECRET_SPY, check_planted_artifacts, secret_holder
 
 #: A daemon that escapes the program's session and ignores SIGTERM: started, and known to be
 #: running (it writes to a pipe), before the program goes on.
@@ -132,9 +153,25 @@ async def cli_at_ready(
     env.pop("PSYCH_SANDBOX_CONFIG", None)
     try:
         cli = subprocess.Popen(
-            [sys.executable, "-m", "psych_sandbox_core.cli", "run", str(program),
-             "--profile", profile, "--config", str(settings), "--tools", str(tools), *options],
-            env=env, pass_fds=(ready_write,), stdout=stdout, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "psych_sandbox_core.cli",
+                "run",
+                str(program),
+                "--profile",
+                profile,
+                "--config",
+                str(settings),
+                "--tools",
+                str(tools),
+                *options,
+            ],
+            env=env,
+            pass_fds=(ready_write,),
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
         )
     finally:
         os.close(ready_write)
@@ -164,6 +201,34 @@ def config_toml(config: DeploymentConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+Test = TypeVar("Test", bound=Callable[..., Any])
+
+
+def applies(when: Callable[[Any], bool]) -> Callable[[Test], Test]:
+    """Marks a test that only a backend declaring something asks for: ``when(cls)`` decides,
+    from the test class's declarations, whether a subclass inherits it."""
+
+    def mark(test: Test) -> Test:
+        test.applies_when = when  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
+def _claims(*guarantees: str) -> Callable[[Any], bool]:
+    return lambda cls: set(guarantees) <= cls.enforced
+
+
+def _root_identity(cls: Any) -> bool:
+    """Identity enforced, and the program's processes in the host's /proc to inspect."""
+    return "identity" in cls.enforced and cls.processes_visible
+
+
+def _needs_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("identities are leased per execution only on a root host")
+
+
 class BackendConformance:
     """Tests every backend must pass. Subclasses set the class attributes below; the hooks
     (:meth:`leftovers`, :meth:`registry`, :meth:`identity_uids`) may be overridden.
@@ -185,7 +250,9 @@ class BackendConformance:
     enforced: ClassVar[frozenset[str]] = frozenset()
     #: Limits for every run: small, so a timeout is reached quickly.
     limits: ClassVar[dict[str, Any]] = {
-        "cpu_seconds": 10, "wall_seconds": 60.0, "grace_seconds": 0.5,
+        "cpu_seconds": 10,
+        "wall_seconds": 60.0,
+        "grace_seconds": 0.5,
     }
     #: Whether the program's processes are host processes (found in the host's /proc); under a
     #: user-space kernel (gVisor) they are not, and :meth:`leftovers` is the evidence instead.
@@ -200,20 +267,56 @@ class BackendConformance:
     #: Further addresses a backend with the network enforced must not reach.
     unreachable: ClassVar[tuple[tuple[str, int], ...]] = ()
 
+    #: The options that make every execution share one identity (the weaker setting for a
+    #: host that cannot spare a uid range), where the backend has them, and that (uid, gid):
+    #: a program on the host under it then reaches a running execution, the control for the
+    #: leased case.
+    shared_identity: ClassVar[tuple[dict[str, Any], tuple[int, int]] | None] = None
+    #: Whether the options ``workspace_bytes``, ``tmp_bytes`` and ``shm_bytes`` cap the
+    #: memory-backed workspace, /tmp and /dev/shm.
+    capped_filesystems: ClassVar[bool] = False
+
     profile: ClassVar[str] = "conformance"
+    #: A second profile some tests add: the subprocess backend without a pid namespace, a
+    #: program on the host among the host's processes.
+    PLAIN: ClassVar[str] = "plain-host-program"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Each subclass inherits exactly the tests its declarations ask for (see applies).
+        super().__init_subclass__(**kwargs)
+        for name, test in vars(BackendConformance).items():
+            when = getattr(test, "applies_when", None)
+            if when is not None and name not in vars(cls):
+                setattr(cls, name, test if when(cls) else None)
 
     # ------------------------------------------------------------ hooks
 
-    def config(self, **limits: Any) -> DeploymentConfig:
-        return DeploymentConfig(
-            profiles={
-                self.profile: ProfileConfig(
-                    backend=self.backend,
-                    options=dict(self.options),
-                    limits=ExecutionLimits(**{**self.limits, **limits}),
-                )
-            }
-        )
+    def config(
+        self,
+        *,
+        options: dict[str, Any] | None = None,
+        output: OutputPolicy | None = None,
+        plain: dict[str, Any] | None = None,
+        **limits: Any,
+    ) -> DeploymentConfig:
+        """The deployment of one test: the backend's profile (its options updated by
+        ``options``), and with ``plain`` the plain subprocess profile with those options."""
+        terms = ExecutionLimits(**{**self.limits, **limits})
+        profiles = {
+            self.profile: ProfileConfig(
+                backend=self.backend,
+                options={**self.options, **(options or {})},
+                limits=terms,
+                output=output or OutputPolicy(),
+            )
+        }
+        if plain is not None:
+            profiles[self.PLAIN] = ProfileConfig(
+                backend="subprocess",
+                options={"use_namespaces": False, **plain},
+                limits=terms,
+            )
+        return DeploymentConfig(profiles=profiles)
 
     def leftovers(self) -> list[str]:
         """What the backend left behind after its sandbox closed (containers, say): empty."""
@@ -244,11 +347,22 @@ class BackendConformance:
         return None
 
     async def run(
-        self, source: str, *, bindings: BindingProvider | None = None, **limits: Any
+        self,
+        source: str,
+        *,
+        bindings: BindingProvider | None = None,
+        options: dict[str, Any] | None = None,
+        **limits: Any,
     ) -> ExecutionResult:
         """One program in a sandbox of its own, closed (and so torn down) on return."""
-        async with Sandbox(self.config(**limits), registry=self.registry()) as sandbox:
+        config = self.config(options=options, **limits)
+        async with Sandbox(config, registry=self.registry()) as sandbox:
             return await sandbox.run(source, profile=self.profile, bindings=bindings)
+
+    def sandbox(self, **kwargs: Any) -> Sandbox:
+        """A sandbox of :meth:`config` (same arguments), for tests that run more than one
+        program in it."""
+        return Sandbox(self.config(**kwargs), registry=self.registry())
 
     # ------------------------------------------------------------ fixtures
 
@@ -387,7 +501,9 @@ class BackendConformance:
         if "filesystem" in self.enforced:
             found = subprocess.run(
                 ["find", "/tmp", "/dev/shm", "/var/tmp", "/run", "-name", name],
-                capture_output=True, text=True, check=False,
+                capture_output=True,
+                text=True,
+                check=False,
             ).stdout
             assert found == ""
 
@@ -412,7 +528,8 @@ class BackendConformance:
             tg.start_soon(watch)
             result = await self.run(
                 DAEMON.format(mark=mark) + "while True:\n    time.sleep(1)\n",
-                wall_seconds=1.0, grace_seconds=0.2,
+                wall_seconds=1.0,
+                grace_seconds=0.2,
             )
             tg.cancel_scope.cancel()
         assert result.error is not None
@@ -513,7 +630,8 @@ class BackendConformance:
 
                     tg.start_soon(listener.serve, count)
                 addresses = [
-                    ("AF_INET", ("127.0.0.1", ports["4"])), ("AF_INET6", ("::1", ports["6"])),
+                    ("AF_INET", ("127.0.0.1", ports["4"])),
+                    ("AF_INET6", ("::1", ports["6"])),
                     *(("AF_INET", address) for address in self.unreachable),
                 ]
                 with opens_of(str(canary)) as opened:
@@ -567,3 +685,374 @@ class BackendConformance:
             healthy = await sandbox.run("print('fine')\n21 * 2", profile=self.profile)
             assert healthy.error is None, healthy.error
             assert healthy.return_value == 42
+
+    # ------------------------------------------------------------ a filesystem boundary
+
+    @applies(_claims("filesystem"))
+    @pytest.mark.anyio
+    async def test_host_files_and_service_sockets_out_of_reach(self) -> None:
+        home = os.path.expanduser("~")
+        secret = uuid.uuid4().hex
+        planted = Path(home) / f".psych-conformance-canary-{secret[:8]}"
+        planted.write_text(secret)
+        os.chmod(planted, 0o644)
+        # A listener under the host's /run stands for any host service socket there.
+        service = f"/run/psych-conformance-{uuid.uuid4().hex[:12]}.sock"
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(service)
+        os.chmod(service, 0o777)
+        server.listen(8)
+        server.setblocking(False)
+        try:
+            with opens_of(str(planted)) as opened:
+                result = await self.run(
+                    "import os, socket\nseen = {}\n"
+                    f"for p in ('/root', {home!r}, '/home', {str(planted)!r}):\n"
+                    "    try:\n"
+                    "        seen[p] = open(p).read() if os.path.isfile(p) else os.listdir(p)\n"
+                    "    except OSError as e:\n        seen[p] = type(e).__name__\n"
+                    f"for p in ({service!r}, '/var/run/docker.sock', '/run/docker.sock',\n"
+                    "          '/run/containerd/containerd.sock', '/run/podman/podman.sock'):\n"
+                    "    s = socket.socket(socket.AF_UNIX)\n"
+                    "    try:\n        s.connect(p); seen[p] = 'connected'\n"
+                    "    except OSError as e:\n        seen[p] = type(e).__name__\n"
+                    "    finally:\n        s.close()\n"
+                    "seen"
+                )
+            # The controls: the watch sees an open from the host; the listener was listening.
+            with opens_of(str(planted)) as control:
+                planted.read_text()
+            with pytest.raises(BlockingIOError):
+                server.accept()
+        finally:
+            server.close()
+            os.unlink(service)
+            planted.unlink()
+        assert result.error is None, result.error
+        # From the host: the planted file's inode was never opened (inotify watches it,
+        # whatever mount reached it) and the service accepted nothing. (The engine's socket
+        # has no such witness: a connect opens no file; its absence is what the program saw.)
+        assert opened == [] and control
+        assert secret not in str(result.return_value)
+        assert set(result.return_value.values()) == {"FileNotFoundError"}, result.return_value
+
+    @applies(_claims("filesystem"))
+    @pytest.mark.anyio
+    async def test_writes_outside_the_workspace_impossible(self) -> None:
+        drop = Path(tempfile.mkdtemp(prefix="psych-conformance-drop-"))
+        os.chmod(drop, 0o777)
+        outside = ("/usr/x", "/x", "/tmpx")
+        try:
+            result = await self.run(
+                "import os\nok = []\n"
+                f"for p in ({str(drop / 'x')!r}, *{outside!r}, '/etc/passwd', '/proc/x', "
+                "'/dev/x', os.path.join(os.getcwd(), '..', 'x'), "
+                "'/proc/sys/kernel/hostname'):\n"
+                "    try:\n        open(p, 'w').write('x'); ok.append(p)\n"
+                "    except OSError:\n        pass\n"
+                "open('inside', 'w').write('fine')\nok"
+            )
+            assert result.error is None, result.error
+            # Seen from the host: nothing arrived where the program tried to write.
+            assert list(drop.iterdir()) == []
+            assert not any(Path(path).exists() for path in outside)
+            assert result.return_value == []
+        finally:
+            for child in drop.iterdir():
+                child.unlink()
+            drop.rmdir()
+
+    @applies(lambda cls: _claims("filesystem", "process_tree")(cls) and cls.processes_visible)
+    @pytest.mark.anyio
+    async def test_host_processes_invisible(self) -> None:
+        mark = marker()
+        # The marked process itself, not a shell around it: killing it leaves nothing behind.
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", mark])
+        try:
+            await wait_for_pids(mark)
+            result = await self.run(
+                "import os\nlines = []\n"
+                "for e in os.listdir('/proc'):\n"
+                "    if e.isdigit():\n"
+                "        try:\n"
+                # The head of a command line is enough to recognise it (the bootstrap's own
+                # is long: it carries its code).
+                "            head = open(f'/proc/{e}/cmdline', 'rb').read(400)\n"
+                "            lines.append(head.decode('latin-1'))\n"
+                "        except OSError:\n            pass\n"
+                "lines"
+            )
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        assert result.error is None, result.error
+        cmdlines = result.return_value
+        assert cmdlines, "the program saw no process at all, not even itself"
+        assert not any(mark in line for line in cmdlines)
+        assert not any("pytest" in line for line in cmdlines)
+        # The boundary's init and the program itself: nothing else.
+        assert len(cmdlines) <= 3, cmdlines
+
+    @applies(lambda cls: cls.capped_filesystems)
+    @pytest.mark.anyio
+    async def test_memory_backed_filesystems_stop_at_their_caps(self) -> None:
+        size = 4 * 1024 * 1024
+        chunk = 262144
+        result = await self.run(
+            "import errno\nwritten = 0\nerr = []\n"
+            "for d in ('.', '/tmp', '/dev/shm'):\n"
+            "    for i in range(1000):\n"
+            "        try:\n            with open(f'{d}/f{i}', 'wb', buffering=0) as fh:\n"
+            f"                written += fh.write(b'x' * {chunk})\n"
+            "        except OSError as e:\n"
+            "            err.append(errno.errorcode.get(e.errno))\n            break\n"
+            "[written, err]",
+            options={"workspace_bytes": size, "tmp_bytes": size, "shm_bytes": size},
+            file_size_bytes=1024 * 1024,
+        )
+        assert result.error is None, result.error
+        written, err = result.return_value
+        # Three filesystems, each stopped at its cap, though no file reached the file-size
+        # limit: many small files cannot fill the host's memory.
+        assert err == ["ENOSPC"] * 3
+        assert 3 * (size - 2 * chunk) <= written <= 3 * size
+
+    # ------------------------------------------------------------ limits
+
+    @applies(lambda cls: bool({"identity", "process_count"} & cls.enforced))
+    @pytest.mark.anyio
+    async def test_fork_bomb_bounded_with_the_host_responsive(self) -> None:
+        result = await self.run(
+            "import os, time\nmade = 0\n"
+            "try:\n    for _ in range(500):\n        pid = os.fork()\n"
+            "        if pid == 0:\n            time.sleep(60)\n            os._exit(0)\n"
+            "        made += 1\nexcept OSError as e:\n    err = type(e).__name__\n"
+            "else:\n    err = None\n"
+            "[made, err]",
+            processes=16,
+        )
+        # The host still starts processes while, and after, the bomb went off.
+        assert subprocess.run(["true"], check=False).returncode == 0
+        assert result.error is None, result.error
+        made, err = result.return_value
+        assert err == "BlockingIOError"
+        assert made < 16
+
+    @pytest.mark.anyio
+    async def test_memory_bomb_is_a_memory_limit(self) -> None:
+        result = await self.run("x = bytearray(4 * 1024**3)\nlen(x)", memory_bytes=256 << 20)
+        assert result.error is not None
+        assert result.error.kind is ErrorKind.MEMORY_LIMIT, result.error
+
+    # ------------------------------------------------------------ artifacts over the channel
+
+    @applies(lambda cls: not cls.workspace_on_host)
+    @pytest.mark.anyio
+    async def test_files_come_back_over_the_channel_with_digest_and_type(self) -> None:
+        async with self.sandbox(output=OutputPolicy(inline_bytes=4 << 20)) as box:
+            result = await box.run(PLANTED_ARTIFACTS, profile=self.profile)
+            assert result.backend.id == self.backend
+            await check_planted_artifacts(box, result)
+
+    @applies(lambda cls: not cls.workspace_on_host)
+    @pytest.mark.anyio
+    async def test_artifact_caps_and_folder_hold_over_the_channel(self) -> None:
+        source = (
+            "import os\nos.makedirs('out')\n"
+            "open('elsewhere', 'w').write('not in the folder')\n"
+            "for name, size in (('a', 10), ('b', 500), ('c', 10), ('d', 10), ('e', 1), "
+            "('f', 1)):\n"
+            "    open(f'out/{name}', 'w').write('x' * size)\n"
+        )
+        policy = OutputPolicy(
+            artifacts_folder="out", artifact_bytes=100, artifacts_total_bytes=25, max_artifacts=3
+        )
+        async with self.sandbox(output=policy) as box:
+            result = await box.run(source, profile=self.profile)
+        assert result.error is None, result.error
+        assert sorted(a.path for a in result.artifacts) == ["out/a", "out/c", "out/e"]
+        assert {s.path: s.reason for s in result.skipped_artifacts} == {
+            "out/b": "too_large",
+            "out/d": "total_cap",
+            "out/f": "too_many",
+        }
+
+    @applies(lambda cls: not cls.workspace_on_host)
+    @pytest.mark.anyio
+    async def test_a_run_killed_before_sending_says_nothing_was_collected(self) -> None:
+        source = "open('kept', 'w').write('x')\nimport time\ntime.sleep(60)\n"
+        async with self.sandbox() as box:
+            result = await box.run(source, profile=self.profile, timeout=1.0)
+        assert result.error is not None and result.error.kind is ErrorKind.TIMEOUT
+        assert result.artifacts == []
+        assert result.skipped_artifacts == [SkippedEntry(path=".", reason="interrupted")]
+
+    # ------------------------------------------------------------ identity on a root host
+
+    def leased(self, uid: int) -> bool:
+        """Whether ``uid`` is one of the backend's per-execution identities."""
+        uids = self.identity_uids()
+        return uids is not None and uid in uids
+
+    @applies(_root_identity)
+    @pytest.mark.anyio
+    async def test_identity_seen_from_the_host(self) -> None:
+        """The program's process, inspected from the host: an identity leased for it (on a
+        root host), no capabilities, no new privileges, namespaces of its own."""
+        mark = marker()
+        seen: dict[str, Any] = {}
+        separate = {"network": "net", "process_tree": "pid", "filesystem": "mnt"}
+        namespaces = ["ipc", *(ns for g, ns in separate.items() if g in self.enforced)]
+
+        async def inspect() -> None:
+            (pid,) = await wait_for_pids(mark)
+            status = dict(
+                line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            )
+            seen["uid"] = [int(x) for x in status["Uid"].split()]
+            seen["capeff"] = int(status["CapEff"].strip(), 16)
+            seen["capprm"] = int(status["CapPrm"].strip(), 16)
+            seen["nnp"] = status["NoNewPrivs"].strip()
+            seen["own"] = {
+                ns: os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
+                for ns in namespaces
+            }
+            os.kill(pid, signal.SIGTERM)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(inspect)
+            result = await self.run(
+                "import subprocess, sys\n"
+                f"subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', {mark!r}])"
+                ".returncode"
+            )
+        assert result.error is None, result.error
+        assert result.return_value == -signal.SIGTERM
+        (uid,) = set(seen["uid"])  # the same in all four slots
+        assert uid != 0
+        if os.geteuid() == 0:
+            assert self.leased(uid), uid
+        assert seen["capeff"] == 0 and seen["capprm"] == 0
+        assert seen["nnp"] == "1"
+        assert all(seen["own"].values()), seen["own"]
+
+    @applies(_root_identity)
+    @pytest.mark.anyio
+    async def test_two_running_executions_run_as_distinct_uids(self) -> None:
+        _needs_root()
+        marks = [marker(), marker()]
+        async with self.sandbox() as sandbox, anyio.create_task_group() as tg:
+            for mark in marks:
+                tg.start_soon(partial(sandbox.run, secret_holder(mark, "x"), profile=self.profile))
+            pids = [(await wait_for_pids(mark))[0] for mark in marks]
+            uids = [uids_of(pid) for pid in pids]
+            tg.cancel_scope.cancel()
+        # Each process under one uid in all four slots, leased, and not the same for both.
+        assert all(len(set(ids)) == 1 for ids in uids), uids
+        first, second = uids[0][0], uids[1][0]
+        assert first != second, f"both executions ran as host uid {first}"
+        assert self.leased(first) and self.leased(second)
+        assert pids_with(marks[0]) == [] and pids_with(marks[1]) == []
+
+    async def spy_on_a_running_execution(
+        self, options: dict[str, Any], plain: dict[str, Any]
+    ) -> tuple[str, list[ExecutionResult], list[str]]:
+        """Run a holder, then spies from this backend and from a program on the host (the
+        plain profile) while it runs: the secret, the spies' results and the host's record
+        of opens of the secret."""
+        assert self.workspace_path is not None
+        mark, secret = marker(), "SECRET-" + marker()
+        async with (
+            self.sandbox(options=options, plain=plain) as sandbox,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(partial(sandbox.run, secret_holder(mark, secret), profile=self.profile))
+            (pid,) = await wait_for_pids(mark)
+            # The host (root) reaches the secret's inode through the holder's own root, and
+            # watches it: any spy that opens it is seen, whatever path it took.
+            path = f"/proc/{pid}/root{self.workspace_path}/secret.txt"
+            with opens_of(path) as opened:
+                spies = [
+                    await sandbox.run(SECRET_SPY, profile=self.profile),
+                    await sandbox.run(SECRET_SPY, profile=self.PLAIN),
+                ]
+            # The control: the secret was there all along, and the watch sees an open.
+            with opens_of(path) as control, open(path) as fh:
+                assert fh.read() == secret
+            assert control
+            tg.cancel_scope.cancel()
+        return secret, spies, opened
+
+    @applies(lambda cls: _root_identity(cls) and cls.workspace_path is not None)
+    @pytest.mark.anyio
+    async def test_a_program_in_another_execution_cannot_read_a_running_workspace(self) -> None:
+        _needs_root()
+        secret, spies, opened = await self.spy_on_a_running_execution({}, {})
+        for spy in spies:
+            assert spy.error is None, spy.error
+            assert "looked at" in spy.stdout
+            assert spy.return_value == []
+            assert secret not in spy.stdout + spy.stderr + repr(spy.return_value)
+        # Seen from the host: nothing but the host itself opened the secret's inode.
+        assert opened == []
+
+    @applies(
+        lambda cls: (
+            _root_identity(cls)
+            and cls.workspace_path is not None
+            and cls.shared_identity is not None
+        )
+    )
+    @pytest.mark.anyio
+    async def test_with_one_shared_identity_a_host_program_does_read_it(self) -> None:
+        """The control for the test above, and why the shared identity is the weaker setting:
+        the same spy, with every execution under the one identity, reads the secret."""
+        _needs_root()
+        assert self.shared_identity is not None
+        options, (uid, gid) = self.shared_identity
+        secret, spies, opened = await self.spy_on_a_running_execution(
+            options, {"drop_to_uid": uid, "drop_to_gid": gid}
+        )
+        inside, plain = spies
+        # The boundary's pid namespace hides the holder from a program in another one...
+        assert inside.return_value == []
+        # ... but not from a program on the host under the same uid.
+        assert plain.return_value and plain.return_value == [secret] * len(plain.return_value)
+        assert opened
+
+    @applies(lambda cls: "identity" in cls.enforced)
+    @pytest.mark.anyio
+    async def test_state_planted_under_the_uid_is_gone_from_the_host(self) -> None:
+        _needs_root()
+        with own_uid(1_970_000_000 + secrets.randbelow(1_000_000)) as options:
+            uid, mark = options["identity_first_uid"], marker("psych-left")
+            with host_targets(mark) as (target, target_dir):
+                async with self.sandbox(options=options) as sandbox:
+                    planted = await sandbox.run(
+                        planting_program(mark, target, target_dir), profile=self.profile
+                    )
+                    assert planted.error is None, planted.error
+                    done = json.loads(planted.return_value)
+                    # Planted in the execution's own IPC namespace and temporary directory...
+                    assert all(done[kind] for kind in ("shm", "msg", "sem", "/tmp")), done
+                    # ...and none of it is on the host once the execution is over (keys are
+                    # collected by the kernel in the background).
+                    assert host_leftovers(mark, uid) in ([], ["keys"])
+                    # This process is a child subreaper during the test (see the fixture): an
+                    # orphan a backend leaves to the system's init (bwrap's namespace init) is
+                    # this process's to reap, and until then its zombie holds the uid's keys.
+                    me = os.getpid()
+                    reap_children(
+                        {
+                            p.pid
+                            for p in host_processes().values()
+                            if p.ppid == me and not p.alive and uid in p.uids
+                        }
+                    )
+                    with anyio.move_on_after(10):
+                        while has_keys(uid):
+                            await anyio.sleep(0.05)
+                    assert not has_keys(uid)
+                    found = await sandbox.run(finding_program(mark), profile=self.profile)
+        assert found.error is None, found.error
+        assert json.loads(found.return_value) == []

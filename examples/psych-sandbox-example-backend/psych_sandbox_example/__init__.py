@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from psych_sandbox_core.backend import BackendOptions
-from psych_sandbox_core.backends.subprocess import SubprocessBackend, SubprocessOptions
-from psych_sandbox_core.grading import Level
-from psych_sandbox_core.hookspecs import hookimpl
+from psych_sandbox_core.backend_kit import (
+    BackendOptions,
+    BackendRegistrar,
+    Level,
+    SubprocessBackend,
+    SubprocessOptions,
+    hookimpl,
+)
 
 
 class ExampleOptions(SubprocessOptions):
@@ -27,5 +31,5 @@ class ExampleBackend(SubprocessBackend):
 
 
 @hookimpl
-def psych_sandbox_register_backends(registry):  # type: ignore[no-untyped-def]
+def psych_sandbox_register_backends(registry: BackendRegistrar) -> None:
     registry.add(ExampleBackend)

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -34,30 +33,37 @@ from functools import lru_cache
 from typing import Annotated, ClassVar
 
 import anyio
-from psych_sandbox_core import cgroups, hookspecs
-from psych_sandbox_core.backend import (
+from psych_sandbox_core.backend_kit import (
+    SYSTEM_CANDIDATES,
     Backend,
     BackendOptions,
+    BackendRegistrar,
     BackendUnavailable,
+    ConfigurationError,
+    ErrorKind,
+    ExecutionCgroup,
+    ExecutionIdentity,
+    ExitStatus,
+    InheritedSocketChannel,
+    InterpreterNotFoundError,
+    InterpreterOptions,
     Launched,
     LaunchRequest,
-)
-from psych_sandbox_core.channel import InheritedSocketChannel
-from psych_sandbox_core.errors import ConfigurationError, ErrorKind, InterpreterNotFoundError
-from psych_sandbox_core.grading import Level, Mechanisms
-from psych_sandbox_core.host import child_environment
-from psych_sandbox_core.identity import (
-    EmptyCgroup,
-    IdentityLease,
     LeasedIdentityOptions,
-)
-from psych_sandbox_core.interpreter import (
-    SYSTEM_CANDIDATES,
-    InterpreterOptions,
+    Level,
+    ManagedProcess,
+    Mechanisms,
+    ProcessLaunched,
+    bootstrap_argv,
+    child_environment,
+    execution_cgroup,
+    hookimpl,
+    host_is_root,
+    leased_identity,
     resolve_environment,
     resolve_interpreter,
+    wait_started,
 )
-from psych_sandbox_core.process import ExitStatus, ManagedProcess
 from pydantic import Field
 
 MiB = 1024 * 1024
@@ -133,16 +139,12 @@ class BwrapBackend(Backend):
         super().__init__(options)
         assert isinstance(options, BwrapOptions)
         self.settings = options
-        self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
-        if (options.host_uid is None) != (options.host_gid is None):
-            raise ConfigurationError("host_uid and host_gid go together")
+        self.is_root = host_is_root()
         #: A root host drops bwrap to a leased identity, or to the one configured.
-        self.fixed_runner: tuple[int, int] | None = None
-        if options.host_uid is not None and options.host_gid is not None:
-            self.fixed_runner = (options.host_uid, options.host_gid)
-        self.identities = options.identity_range()
-        if self.is_root and self.fixed_runner is None:
-            self.identities.check()
+        self.fixed_runner = options.fixed_identity("host_uid", "host_gid")
+        self.identities = options.leasable_range(
+            leases=self.is_root and self.fixed_runner is None
+        )
         self.bwrap = shutil.which(options.bwrap) if sys.platform.startswith("linux") else None
         runner = "the unprivileged host uid that runs bubblewrap"
         binds: list[str] = []
@@ -179,7 +181,7 @@ class BwrapBackend(Backend):
             )
         return None
 
-    def mechanisms(self, cgroup: cgroups.ExecutionCgroup | None = None) -> Mechanisms:
+    def mechanisms(self, cgroup: ExecutionCgroup | None = None) -> Mechanisms:
         return Mechanisms(
             filesystem_boundary=True,
             network_namespace=True,
@@ -200,11 +202,11 @@ class BwrapBackend(Backend):
         s = self.settings
         return memory + s.workspace_bytes + s.tmp_bytes + s.shm_bytes + MEMORY_CGROUP_HEADROOM
 
-    async def execution_cgroup(self, request: LaunchRequest) -> cgroups.ExecutionCgroup | None:
+    async def execution_cgroup(self, request: LaunchRequest) -> ExecutionCgroup | None:
         """A fresh cgroup, capped and ready to be joined, or None where there can be none."""
         processes = request.limits.processes
         pids = (processes if processes is not None else DEFAULT_PIDS) + PIDS_CGROUP_HEADROOM
-        return await cgroups.prepared(
+        return await execution_cgroup(
             self.id, memory_bytes=self.memory_cgroup_bytes(request), pids=pids
         )
 
@@ -264,47 +266,31 @@ class BwrapBackend(Backend):
         argv += [
             "--info-fd", str(info_fd),
             "--",
-            self.interpreter,
-            "-I",
-            "-u",
-            # The same binary runs inside, bound read-only: precompiling for it is valid.
-            *request.bootstrap_command(self.interpreter),
-            f"channel={channel_spec}",
-            "probe=" + json.dumps(request.probe.as_json_object()),
         ]
-        return argv
+        # The same binary runs inside, bound read-only: precompiling for it is valid.
+        return argv + bootstrap_argv(self.interpreter, request, channel_spec)
 
     @asynccontextmanager
     async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
         if self.bwrap is None:
             raise BackendUnavailable(self.unavailable_reason() or "bubblewrap is missing")
-        lease: IdentityLease | None = None
-        runner = self.fixed_runner if self.is_root else None
-        if self.is_root and runner is None:
-            lease = await self.identities.lease_for_execution()
-            runner = (lease.uid, lease.gid)
-        #: The kernel's proof that the tree is gone, once its cgroup has been removed.
-        empty: list[EmptyCgroup] = []
-        try:
-            async with self._launch(request, runner, empty) as launched:
-                yield launched
-        finally:
-            if lease is not None:
-                # Without the proof the sweep also scans the host's processes for the uid;
-                # everything else it sweeps either way.
-                await lease.retire(empty[0] if empty else None)
+        # A root host drops bwrap to a uid leased for the execution, or the one configured.
+        async with leased_identity(
+            self.identities, lease=self.is_root,
+            fixed=self.fixed_runner if self.is_root else None,
+        ) as identity, self._launch(request, identity) as launched:
+            yield launched
 
     @asynccontextmanager
     async def _launch(
-        self, request: LaunchRequest, runner: tuple[int, int] | None,
-        empty: list[EmptyCgroup],
+        self, request: LaunchRequest, identity: ExecutionIdentity
     ) -> AsyncIterator[Launched]:
         assert self.bwrap is not None
-        channel = _Channel()
+        channel = InheritedSocketChannel()
         info_read, info_write = os.pipe()
         process: ManagedProcess | None = None
         launched: _Launched | None = None
-        cgroup: cgroups.ExecutionCgroup | None = None
+        cgroup: ExecutionCgroup | None = None
         try:
             cgroup = await self.execution_cgroup(request)
             os.set_blocking(info_read, False)
@@ -315,7 +301,7 @@ class BwrapBackend(Backend):
                     env={},
                     cwd="/",
                     pass_fds=(*channel.inherited_fds, info_write),
-                    preexec_fn=_prepare(runner, cgroup),
+                    preexec_fn=_prepare(identity.ids, cgroup),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 raise BackendUnavailable(f"could not start bubblewrap: {exc}") from exc
@@ -339,37 +325,24 @@ class BwrapBackend(Backend):
                 await channel.aclose()
                 os.close(info_read)
                 if cgroup is not None:
-                    # After the tree is gone: stragglers are killed first, then it goes.
-                    proof = await cgroup.remove()
-                    if proof is not None:
-                        empty.append(proof)
+                    # After the tree is gone: stragglers are killed first, then it goes. The
+                    # kernel's proof that the tree is gone spares the lease's sweep its scan
+                    # of the host's processes; everything else it sweeps either way.
+                    identity.proven_empty(await cgroup.remove())
 
 
-class _Channel(InheritedSocketChannel):
-    """The core's inherited socket pair, whose host end can be watched before it is
-    accepted: the first byte from the bootstrap is the sign that bwrap set the sandbox up."""
-
-    def host_socket(self) -> socket.socket:
-        return self._host
-
-
-class _Launched(Launched):
+class _Launched(ProcessLaunched[InheritedSocketChannel]):
     def __init__(
         self,
         process: ManagedProcess,
-        channel: _Channel,
+        channel: InheritedSocketChannel,
         mechanisms: Mechanisms,
-        cgroup: cgroups.ExecutionCgroup | None = None,
+        cgroup: ExecutionCgroup | None = None,
         memory_cap: int | None = None,
     ) -> None:
-        self.process = process
+        super().__init__(process, channel, mechanisms)
         self.cgroup = cgroup
         self.memory_cap = memory_cap
-        self.channel = channel
-        self._channel = channel
-        self.mechanisms = mechanisms
-        self.stdout = process.stdout
-        self.stderr = process.stderr
         #: A pidfd on the pid namespace's init, once bwrap has said which host pid it is.
         self._init_fd: int | None = None
         self._status: ExitStatus | None = None
@@ -377,38 +350,21 @@ class _Launched(Launched):
     async def started(self, info_read: int) -> None:
         """Return once the bootstrap has spoken; raise BackendUnavailable, quoting bwrap,
         if bwrap exits first."""
-        exited = False
-        with anyio.move_on_after(STARTUP_SECONDS):
+
+        async def spoke() -> None:
             info = await self._read_info(info_read)
             child = info.get("child-pid")
             if isinstance(child, int) and child > 1:
                 with suppress(OSError):
                     self._init_fd = os.pidfd_open(child)
-            raw = self._channel.host_socket()
-            async with anyio.create_task_group() as tg:
+            await self.channel.wait_spoken()
 
-                async def spoke() -> None:
-                    await anyio.wait_readable(raw)
-                    if _has_data(raw):
-                        tg.cancel_scope.cancel()
-                    # Else the end of the stream: everyone holding the child's end is gone,
-                    # and the process's exit decides.
-
-                async def died() -> None:
-                    nonlocal exited
-                    await self.process.wait_exited()
-                    exited = True
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(spoke)
-                tg.start_soon(died)
-        if not exited or _has_data(raw):
-            return
-        status = await self.finish()
-        message = await _read_some(self.process.stderr, STARTUP_STDERR_BYTES)
-        raise BackendUnavailable(
-            f"bubblewrap could not start the sandbox ({status.describe()}): "
-            + (message or "it printed nothing")
+        await wait_started(
+            self, spoke, self.channel.spoken, seconds=STARTUP_SECONDS,
+            stderr_bytes=STARTUP_STDERR_BYTES,
+            failure=lambda status, said: (
+                f"bubblewrap could not start the sandbox ({status.describe()}): {said}"
+            ),
         )
 
     async def _read_info(self, fd: int) -> dict[str, object]:
@@ -428,9 +384,6 @@ class _Launched(Launched):
         except ValueError:
             return {}
         return parsed if isinstance(parsed, dict) else {}
-
-    async def wait_exited(self) -> None:
-        await self.process.wait_exited()
 
     async def terminate(self, grace_seconds: float) -> None:
         # The program gets no polite signal: the pid namespace's init ignores SIGTERM, and
@@ -459,10 +412,7 @@ class _Launched(Launched):
     async def _measured(self, status: ExitStatus) -> ExitStatus:
         """``status`` with the cgroup's usage and, after an OOM kill, a memory_limit hint."""
         assert self.cgroup is not None
-        with anyio.CancelScope(shield=True):
-            # Usage is final only once nothing is left to run in the cgroup.
-            empty = await self.cgroup.drain()
-        cpu, peak = self.cgroup.usage() if empty else (None, None)
+        cpu, peak = await self.cgroup.final_usage()
         hint: tuple[ErrorKind, str] | None = None
         if self.cgroup.memory_limited and self.cgroup.oom_killed():
             cap = f" of {self.memory_cap // MiB} MiB" if self.memory_cap is not None else ""
@@ -482,25 +432,6 @@ class _Launched(Launched):
                 signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
 
 
-def _has_data(sock: socket.socket) -> bool:
-    """Whether a byte is waiting (peeked, not consumed); False at end of stream."""
-    try:
-        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except OSError:
-        return False
-
-
-async def _read_some(stream: anyio.abc.ByteReceiveStream, limit: int) -> str:
-    data = b""
-    with anyio.move_on_after(1.0):
-        while len(data) < limit:
-            try:
-                data += await stream.receive(limit - len(data))
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                break
-    return data.decode("utf-8", "replace").strip()
-
-
 def _as_inner_status(status: ExitStatus) -> ExitStatus:
     """The program's fate from bwrap's: bwrap exits 128+N when its child died of signal N."""
     code, sig = status.code, status.signal
@@ -512,7 +443,7 @@ def _as_inner_status(status: ExitStatus) -> ExitStatus:
 
 
 def _prepare(
-    runner: tuple[int, int] | None, cgroup: cgroups.ExecutionCgroup | None
+    runner: tuple[int, int] | None, cgroup: ExecutionCgroup | None
 ) -> Callable[[], None]:
     """Work done in the forked child before exec: join the execution's cgroup (before bwrap
     can fork, and while still root), drop root, then die with the host."""
@@ -600,6 +531,6 @@ def checked_bind(path: str, what: str) -> str:
     return real
 
 
-@hookspecs.hookimpl
-def psych_sandbox_register_backends(registry: hookspecs.BackendRegistrar) -> None:
+@hookimpl
+def psych_sandbox_register_backends(registry: BackendRegistrar) -> None:
     registry.add(BwrapBackend)

@@ -1,9 +1,16 @@
-"""The bwrap backend passes the shared behaviour suite."""
+"""The bwrap backend passes the shared behaviour suite, with the tests of what it declares:
+a filesystem boundary, a workspace the host cannot reach (artifacts come over the channel),
+a uid leased per execution on a root host (and the shared host_uid as the weaker control),
+and size-capped memory-backed filesystems."""
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from bwrap_support import requires_bwrap
 from psych_sandbox_core.testing.conformance import BackendConformance
+
+NOBODY = 65534
 
 
 @requires_bwrap
@@ -12,3 +19,12 @@ class TestBwrapConformance(BackendConformance):
     level = "isolated"
     enforced = frozenset({"filesystem", "network", "process_tree", "identity"})
     workspace_path = "/workspace"
+    # A tmpfs inside bwrap's own mount namespace.
+    workspace_on_host = False
+    capped_filesystems = True
+    # Every execution's bwrap as one host uid: whatever else runs as it holds every
+    # capability in the running sandboxes.
+    shared_identity: ClassVar[tuple[dict[str, Any], tuple[int, int]] | None] = (
+        {"host_uid": NOBODY, "host_gid": NOBODY},
+        (NOBODY, NOBODY),
+    )

@@ -33,24 +33,28 @@ from typing import Annotated, ClassVar, Literal
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteStream
-from psych_sandbox_core import hookspecs
-from psych_sandbox_core.backend import (
+from psych_sandbox_core.backend_kit import (
     Backend,
     BackendOptions,
+    BackendRegistrar,
     BackendUnavailable,
+    ConfigurationError,
+    ErrorKind,
+    ExecutionIdentity,
+    ExitStatus,
     Launched,
     LaunchRequest,
-)
-from psych_sandbox_core.channel import UnixSocketChannel
-from psych_sandbox_core.errors import ConfigurationError, ErrorKind
-from psych_sandbox_core.grading import Level, Mechanisms
-from psych_sandbox_core.host import child_environment
-from psych_sandbox_core.identity import (
-    EmptyCgroup,
-    IdentityLease,
     LeasedIdentityOptions,
+    Level,
+    Mechanisms,
+    UnixSocketChannel,
+    bootstrap_argv,
+    child_environment,
+    hookimpl,
+    host_is_root,
+    leased_identity,
+    wait_started,
 )
-from psych_sandbox_core.process import ExitStatus
 from pydantic import Field, field_validator
 
 from . import api
@@ -169,18 +173,13 @@ class DockerBackend(Backend):
         self.client = (
             api.EngineClient(self.socket_path) if self.socket_path is not None else None
         )
-        self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
-        if (options.container_uid is None) != (options.container_gid is None):
-            raise ConfigurationError("container_uid and container_gid go together")
-        self.fixed_identity: tuple[int, int] | None = None
-        if options.container_uid is not None and options.container_gid is not None:
-            self.fixed_identity = (options.container_uid, options.container_gid)
+        self.is_root = host_is_root()
+        self.fixed_identity = options.fixed_identity("container_uid", "container_gid")
         #: Only a root host can lease (the lock directory is root's) and give the control
         #: socket to the container's uid; a rootless one runs every container as nobody.
-        self.identities = options.identity_range()
-        self.leases = self.is_root and self.fixed_identity is None
-        if self.leases:
-            self.identities.check()
+        self.identities = options.leasable_range(
+            leases=self.is_root and self.fixed_identity is None
+        )
         #: The host's copy of the interpreter the image is built from: the physical floor a
         #: benchmark compares against.
         self.interpreter = INTERPRETER if os.path.exists(INTERPRETER) else sys.executable
@@ -310,11 +309,8 @@ class DockerBackend(Backend):
         environment = {**child_environment(TMP), **request.environment}
         return {
             "Image": s.image,
-            "Cmd": [
-                INTERPRETER, "-I", "-u", "-c", request.bootstrap_source,
-                f"channel={channel_spec}",
-                "probe=" + json.dumps(request.probe.as_json_object()),
-            ],
+            # The image's interpreter is not the host's to run: no precompiling for it.
+            "Cmd": bootstrap_argv(INTERPRETER, request, channel_spec, precompiled=False),
             "Entrypoint": [],
             "User": f"{uid}:{gid}",
             "Hostname": "sandbox",
@@ -335,30 +331,22 @@ class DockerBackend(Backend):
     async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
         if self.client is None:
             raise BackendUnavailable(self.unavailable_reason() or "no container engine")
-        lease: IdentityLease | None = None
-        identity = self.fixed_identity or (NOBODY, NOBODY)
-        if self.leases:
-            lease = await self.identities.lease_for_execution()
-            identity = (lease.uid, lease.gid)
-        #: The kernel's proof that the container's processes are gone, once its cgroup
-        #: parent has been removed (only where usage is measured through one).
-        empty: list[EmptyCgroup] = []
-        try:
-            async with self._launch(request, identity, empty) as launched:
-                yield launched
-        finally:
-            if lease is not None:
-                # After the container's removal nothing should run as its uid; whatever does
-                # (unless the empty cgroup proves there is none), and whatever it left on the
-                # host, goes before the uid can go to another execution.
-                await lease.retire(empty[0] if empty else None)
+        # After the container's removal nothing should run as its uid; whatever does (unless
+        # the removed cgroup parent proves there is none), and whatever it left on the host,
+        # goes before the uid can go to another execution: leaving the lease sweeps it.
+        async with leased_identity(
+            self.identities, lease=self.is_root, fixed=self.fixed_identity
+        ) as identity, self._launch(request, identity) as launched:
+            yield launched
 
     @asynccontextmanager
     async def _launch(
-        self, request: LaunchRequest, identity: tuple[int, int], empty: list[EmptyCgroup]
+        self, request: LaunchRequest, leased: ExecutionIdentity
     ) -> AsyncIterator[Launched]:
         assert self.client is not None
         client = self.client
+        #: A rootless host runs every container as nobody.
+        identity = leased.ids or (NOBODY, NOBODY)
         owner = eng.current_owner()
         execution = uuid.uuid4().hex
         name = f"psych-sandbox-{execution[:20]}"
@@ -411,8 +399,8 @@ class DockerBackend(Backend):
                     # hybrid host it did not even use it). Its removal proves the container's
                     # tree gone where the container ran in it.
                     proof = eng.remove_cgroup_parent(cgroup_name)
-                    if measured and proof is not None:
-                        empty.append(proof)
+                    if measured:
+                        leased.proven_empty(proof)
 
     async def engine_command(self, *args: str) -> tuple[int, str, str]:
         """Run one engine CLI command; (status, stdout, stderr). Never raises for failure.
@@ -561,8 +549,7 @@ class _Container(Launched):
     ) -> None:
         self.backend = backend
         self.client = client
-        self.channel = channel
-        self._channel = channel
+        self.channel: _ContainerChannel = channel
         self.name = name
         self.mechanisms = mechanisms
         self._memory_bytes = memory_bytes
@@ -648,26 +635,13 @@ class _Container(Launched):
     async def started(self) -> None:
         """Return once the bootstrap has connected; raise BackendUnavailable, quoting the
         engine, if the container ended first."""
-        with anyio.move_on_after(STARTUP_SECONDS):
-            async with anyio.create_task_group() as tg:
-
-                async def connected() -> None:
-                    await self._channel.accept_early()
-                    tg.cancel_scope.cancel()
-
-                async def died() -> None:
-                    await self.wait_exited()
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(connected)
-                tg.start_soon(died)
-        if not self._exited.is_set() or self._channel.early is not None:
-            return
-        status = await self.finish()
-        message = await _read_some(self.stderr, STARTUP_STDERR_BYTES)
-        raise BackendUnavailable(
-            f"the {self.backend.engine} engine's container ended before the sandboxed "
-            f"interpreter connected ({status.describe()}): {message or 'it printed nothing'}"
+        await wait_started(
+            self, self.channel.accept_early, lambda: self.channel.early is not None,
+            seconds=STARTUP_SECONDS, stderr_bytes=STARTUP_STDERR_BYTES,
+            failure=lambda status, said: (
+                f"the {self.backend.engine} engine's container ended before the sandboxed "
+                f"interpreter connected ({status.describe()}): {said}"
+            ),
         )
 
     async def terminate(self, grace_seconds: float) -> None:
@@ -810,17 +784,6 @@ class _Container(Launched):
         return cpu_ns / 1e9, peak
 
 
-async def _read_some(stream: anyio.abc.ByteReceiveStream, limit: int) -> str:
-    data = b""
-    with anyio.move_on_after(1.0):
-        while len(data) < limit:
-            try:
-                data += await stream.receive(limit - len(data))
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                break
-    return data.decode("utf-8", "replace").strip()
-
-
 def _remove_tree(directory: Path) -> None:
     import shutil
 
@@ -846,6 +809,6 @@ class GvisorBackend(DockerBackend):
     Options: ClassVar[type[BackendOptions]] = GvisorOptions
 
 
-@hookspecs.hookimpl
-def psych_sandbox_register_backends(registry: hookspecs.BackendRegistrar) -> None:
+@hookimpl
+def psych_sandbox_register_backends(registry: BackendRegistrar) -> None:
     registry.add(DockerBackend)

@@ -17,8 +17,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from psych_sandbox_core import cgroupfs
-from psych_sandbox_core.identity import EmptyCgroup, remove_execution_cgroup
+from psych_sandbox_core import backend_kit
+from psych_sandbox_core.backend_kit import (
+    EmptyCgroup,
+    remove_cgroup_tree,
+    remove_execution_cgroup,
+)
 
 #: Labels on every container this plugin starts.
 MANAGED_LABEL = "io.psych-sandbox.managed"
@@ -142,7 +146,7 @@ def cgroup_controllers() -> list[Path]:
 def cgroup_hierarchies() -> list[Path]:
     """Every mounted cgroup hierarchy, v1 and v2 alike: the runtime creates a container's
     cgroup in each of them (on a hybrid host, in the unified one too)."""
-    return [hierarchy.point for hierarchy in cgroupfs.hierarchies()]
+    return [hierarchy.point for hierarchy in backend_kit.cgroup_hierarchies()]
 
 
 #: How often creating the per-execution parent may find the shared root just removed by
@@ -192,7 +196,7 @@ def remove_cgroup_parent(name: str) -> EmptyCgroup | None:
             continue
         for child in parent.iterdir():
             if child.is_dir() and not child.is_symlink():
-                cgroupfs.remove_tree(child)
+                remove_cgroup_tree(child)
         parents.append(parent)
     proof = remove_execution_cgroup(parents)
     for hierarchy in cgroup_hierarchies():
@@ -206,7 +210,7 @@ def _remove_parent(hierarchy: Path, name: str) -> bool:
     root = hierarchy / CGROUP_ROOT
     # A container still inside (or not ours to remove) refuses: the reaper tries again once
     # its owner is gone.
-    clean = cgroupfs.remove_tree(root / name)
+    clean = remove_cgroup_tree(root / name)
     # Busy while another execution has its parent there; then that one removes it.
     with suppress(OSError):
         root.rmdir()

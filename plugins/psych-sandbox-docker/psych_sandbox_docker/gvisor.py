@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from psych_sandbox_core import hookspecs
+from psych_sandbox_core.backend_kit import BackendRegistrar, hookimpl
 
 from .backend import GvisorBackend
 
 
-@hookspecs.hookimpl
-def psych_sandbox_register_backends(registry: hookspecs.BackendRegistrar) -> None:
+@hookimpl
+def psych_sandbox_register_backends(registry: BackendRegistrar) -> None:
     registry.add(GvisorBackend)

@@ -1,4 +1,6 @@
-"""The docker backend passes the shared behaviour suite, under runc and under gVisor."""
+"""The docker backend passes the shared behaviour suite, under runc and under gVisor, with the
+tests of what it declares: a filesystem boundary, a workspace the host cannot reach, a uid
+leased per container on a root host, and size-capped memory-backed filesystems."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from psych_sandbox_core.testing.conformance import BackendConformance
 #: Addresses on the host's side of a container network: the engine's bridge and the cloud
 #: metadata service.
 ENGINE_SIDE = (("172.17.0.1", 2375), ("169.254.169.254", 80))
+NOBODY = 65534
 
 
 @pytest.mark.usefixtures("engine")
@@ -25,6 +28,16 @@ class TestDockerConformance(BackendConformance):
         {"filesystem", "network", "process_tree", "identity", "memory", "process_count"}
     )
     unreachable = ENGINE_SIDE
+    workspace_path = "/workspace"
+    # A tmpfs in the container: artifacts come over the channel.
+    workspace_on_host = False
+    capped_filesystems = True
+    # runc maps no user namespace: a container's uid is a host uid, and shared, any program
+    # on the host under it reads a running container's workspace.
+    shared_identity: ClassVar[tuple[dict[str, Any], tuple[int, int]] | None] = (
+        {"container_uid": NOBODY, "container_gid": NOBODY},
+        (NOBODY, NOBODY),
+    )
 
     def leftovers(self) -> list[str]:
         stale = [

@@ -29,25 +29,27 @@ from contextlib import asynccontextmanager
 from typing import ClassVar
 
 import anyio
-from psych_sandbox_core import hookspecs
-from psych_sandbox_core.backend import (
+from psych_sandbox_core.backend_kit import (
     Backend,
     BackendOptions,
+    BackendRegistrar,
     BackendUnavailable,
+    ConfigurationError,
+    ExitStatus,
+    InheritedSocketChannel,
+    InterpreterOptions,
     Launched,
     LaunchRequest,
-)
-from psych_sandbox_core.channel import InheritedSocketChannel
-from psych_sandbox_core.errors import ConfigurationError
-from psych_sandbox_core.grading import Level, Mechanisms
-from psych_sandbox_core.host import child_environment
-from psych_sandbox_core.interpreter import (
-    InterpreterOptions,
+    Level,
+    ManagedProcess,
+    Mechanisms,
+    child_environment,
+    create_workspace,
+    hookimpl,
+    remove_tree,
     resolve_environment,
     resolve_interpreter,
 )
-from psych_sandbox_core.process import ExitStatus, ManagedProcess
-from psych_sandbox_core.workspace import create_workspace, remove_tree
 
 from .seatbelt import SeatbeltPolicy, generate
 
@@ -225,6 +227,6 @@ def interpreter_prefixes(interpreter: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(prefixes))
 
 
-@hookspecs.hookimpl
-def psych_sandbox_register_backends(registry: hookspecs.BackendRegistrar) -> None:
+@hookimpl
+def psych_sandbox_register_backends(registry: BackendRegistrar) -> None:
     registry.add(MacosBackend)

@@ -33,24 +33,24 @@ from typing import Any, ClassVar
 
 import anyio
 import anyio.abc
-from psych_sandbox_core import hookspecs
-from psych_sandbox_core.backend import (
+from psych_sandbox_core.backend_kit import (
     Backend,
     BackendOptions,
+    BackendRegistrar,
     BackendUnavailable,
+    ErrorKind,
+    ExitStatus,
+    InterpreterOptions,
     Launched,
     LaunchRequest,
-)
-from psych_sandbox_core.channel_loopback import LoopbackTokenChannel
-from psych_sandbox_core.errors import ErrorKind
-from psych_sandbox_core.grading import Level, Mechanisms
-from psych_sandbox_core.host import child_environment
-from psych_sandbox_core.interpreter import (
-    InterpreterOptions,
+    Level,
+    LoopbackTokenChannel,
+    Mechanisms,
+    child_environment,
+    hookimpl,
     resolve_environment,
     resolve_interpreter,
 )
-from psych_sandbox_core.process import ExitStatus
 
 from .jobobject import (
     CREATE_NO_WINDOW,
@@ -303,6 +303,6 @@ def remove_workspace(path: str) -> None:
         shutil.rmtree(path, onerror=clear_read_only)
 
 
-@hookspecs.hookimpl
-def psych_sandbox_register_backends(registry: hookspecs.BackendRegistrar) -> None:
+@hookimpl
+def psych_sandbox_register_backends(registry: BackendRegistrar) -> None:
     registry.add(WindowsBackend)

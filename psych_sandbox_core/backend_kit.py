@@ -1,0 +1,145 @@
+"""The backend kit: the one part of the core a backend imports.
+
+A backend (a plugin distribution, or one shipped inside the core) takes everything it needs
+from this module and from nothing else of ``psych_sandbox_core``; every other module is
+internal and changes without notice. docs/writing-a-backend.md explains each name, and the
+core's tests fail when a backend in its repository imports past the kit.
+
+What is here:
+
+* the contract: :class:`Backend` (subclass it), :class:`BackendOptions` (the base of its
+  strict settings), :class:`LaunchRequest` (one execution's bootstrap, probe targets, limits
+  and environment), :class:`Launched` (what ``launch`` yields), :class:`BackendUnavailable`,
+  :class:`Mechanisms` and :class:`Level`, :class:`ExitStatus`, the errors a backend raises;
+* starting the child: :func:`bootstrap_argv` (its command line), :func:`child_environment`
+  (its allow-listed environment), the channel listeners by transport, :func:`wait_started`
+  (the bootstrap reaching the channel raced against the launcher ending) and
+  :func:`read_some` (a failed launcher's words);
+* running it: :class:`ManagedProcess` (a local child tree: spawn, wait on a pidfd, kill,
+  reap), :func:`create_workspace` and :func:`remove_tree`, interpreter resolution;
+* separating executions: :func:`leased_identity` (a uid of its own per execution on a root
+  host, swept and given back when the execution is over), :class:`LeasedIdentityOptions`;
+  :func:`execution_cgroup` (a cgroup of the execution's own: usage, caps, and the
+  :class:`EmptyCgroup` proof a lease is retired with);
+* registering: :func:`hookimpl` and :class:`BackendRegistrar`.
+
+Compatibility policy. :data:`KIT_VERSION` is the core's major.minor version. Within one
+minor series (0.1.0, 0.1.1, ...) every name in ``__all__`` keeps its signature and meaning:
+a patch release adds nothing a backend must implement and removes nothing. A minor release
+may change the kit, and its release notes say how. A backend therefore declares one minor
+series of the core, ``psych-sandbox-core>=0.1,<0.2``, and raises the range once it has been
+checked against the next; from 1.0 on the policy is semantic versioning of this module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .backend import (
+    Backend,
+    BackendOptions,
+    BackendUnavailable,
+    Launched,
+    LaunchRequest,
+    ProbeTargets,
+    ProcessLaunched,
+)
+from .cgroupfs import Hierarchy
+from .cgroupfs import hierarchies as cgroup_hierarchies
+from .cgroupfs import remove_tree as remove_cgroup_tree
+from .cgroups import ExecutionCgroup
+from .cgroups import prepared as execution_cgroup
+from .channel import ChannelListener, InheritedSocketChannel, UnixSocketChannel
+from .channel_loopback import LoopbackTokenChannel
+from .child_env import child_environment
+from .errors import ConfigurationError, ErrorKind, InterpreterNotFoundError
+from .grading import Level, Mechanisms
+from .hookspecs import BackendRegistrar, hookimpl
+from .identity import (
+    DEFAULT_COUNT,
+    DEFAULT_FIRST_UID,
+    EmptyCgroup,
+    ExecutionIdentity,
+    IdentityRange,
+    LeasedIdentityOptions,
+    host_is_root,
+    leased_identity,
+    remove_execution_cgroup,
+)
+from .interpreter import (
+    SYSTEM_CANDIDATES,
+    InterpreterOptions,
+    resolve_environment,
+    resolve_interpreter,
+)
+from .process import ExitStatus, ManagedProcess
+from .starting import bootstrap_argv, read_some, wait_started
+from .terms import ExecutionLimits
+from .workspace import create_workspace, remove_tree
+
+if TYPE_CHECKING:
+    from .backends.subprocess import SubprocessBackend, SubprocessOptions
+
+#: The core's major.minor version this kit belongs to (see the compatibility policy above).
+KIT_VERSION = "0.1"
+
+__all__ = [
+    "DEFAULT_COUNT",
+    "DEFAULT_FIRST_UID",
+    "KIT_VERSION",
+    "SYSTEM_CANDIDATES",
+    "Backend",
+    "BackendOptions",
+    "BackendRegistrar",
+    "BackendUnavailable",
+    "ChannelListener",
+    "ConfigurationError",
+    "EmptyCgroup",
+    "ErrorKind",
+    "ExecutionCgroup",
+    "ExecutionIdentity",
+    "ExecutionLimits",
+    "ExitStatus",
+    "Hierarchy",
+    "IdentityRange",
+    "InheritedSocketChannel",
+    "InterpreterNotFoundError",
+    "InterpreterOptions",
+    "LaunchRequest",
+    "Launched",
+    "LeasedIdentityOptions",
+    "Level",
+    "LoopbackTokenChannel",
+    "ManagedProcess",
+    "Mechanisms",
+    "ProbeTargets",
+    "ProcessLaunched",
+    "SubprocessBackend",
+    "SubprocessOptions",
+    "UnixSocketChannel",
+    "bootstrap_argv",
+    "cgroup_hierarchies",
+    "child_environment",
+    "create_workspace",
+    "execution_cgroup",
+    "hookimpl",
+    "host_is_root",
+    "leased_identity",
+    "read_some",
+    "remove_cgroup_tree",
+    "remove_execution_cgroup",
+    "remove_tree",
+    "resolve_environment",
+    "resolve_interpreter",
+    "wait_started",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The built-in subprocess backend, for a backend that only changes its settings: loaded
+    # on first use, since it is itself built on this kit.
+    if name in ("SubprocessBackend", "SubprocessOptions"):
+        from .backends import subprocess
+
+        return getattr(subprocess, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,92 @@
+"""Starting a child: the command line that runs the bootstrap, and the wait for it to come up.
+
+Every backend runs the same bootstrap with the same arguments, whatever starts it (a process,
+bubblewrap, a container engine); and a backend whose launcher can fail before the bootstrap
+runs (bwrap setting up mounts, an engine starting a container) waits for the first of two
+things: the bootstrap reaching the channel, or the launcher ending. Written once here, for
+the backend kit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+import anyio
+from anyio.abc import ByteReceiveStream
+
+from .backend import BackendUnavailable, Launched, LaunchRequest
+from .process import ExitStatus
+
+#: How long a failed start's stderr is read for, at most, to quote it.
+STDERR_READ_SECONDS = 1.0
+
+
+def bootstrap_argv(
+    interpreter: str, request: LaunchRequest, channel_spec: str, *, precompiled: bool = True
+) -> list[str]:
+    """The child's command line: ``interpreter`` in isolated, unbuffered mode running the
+    bootstrap, then the channel and probe arguments. ``precompiled`` when the host can run
+    that very interpreter (the bootstrap is then compiled once for it); False when it cannot
+    (an image's). Append backend-specific arguments (``pid-namespace=1`` and the like)."""
+    return [
+        interpreter,
+        "-I",
+        "-u",
+        *request.bootstrap_command(interpreter if precompiled else None),
+        f"channel={channel_spec}",
+        "probe=" + json.dumps(request.probe.as_json_object()),
+    ]
+
+
+async def read_some(
+    stream: ByteReceiveStream, limit: int, seconds: float = STDERR_READ_SECONDS
+) -> str:
+    """Up to ``limit`` bytes of ``stream`` within ``seconds``, decoded and stripped: enough of
+    a launcher's stderr to say why it failed, never a wait on a stream that stays open."""
+    data = b""
+    with anyio.move_on_after(seconds):
+        while len(data) < limit:
+            try:
+                data += await stream.receive(limit - len(data))
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                break
+    return data.decode("utf-8", "replace").strip()
+
+
+async def wait_started(
+    launched: Launched,
+    until_started: Callable[[], Awaitable[None]],
+    started: Callable[[], bool],
+    *,
+    seconds: float,
+    failure: Callable[[ExitStatus, str], str],
+    stderr_bytes: int = 4096,
+) -> None:
+    """Return once ``until_started()`` returns (the bootstrap reached the channel), or after
+    ``seconds`` (the handshake's deadline then decides). If the child exits first and
+    ``started()`` still says it never started, finish it and raise BackendUnavailable with
+    ``failure(status, head of its stderr)``: the backend could not start here, which is not
+    the program's failure."""
+    exited = False
+    with anyio.move_on_after(seconds):
+        async with anyio.create_task_group() as tg:
+
+            async def starting() -> None:
+                await until_started()
+                tg.cancel_scope.cancel()
+
+            async def exiting() -> None:
+                nonlocal exited
+                await launched.wait_exited()
+                exited = True
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(starting)
+            tg.start_soon(exiting)
+    # Both may have happened: a child that reached the channel did start.
+    if not exited or started():
+        return
+    status = await launched.finish()
+    message = await read_some(launched.stderr, stderr_bytes)
+    raise BackendUnavailable(failure(status, message or "it printed nothing"))

@@ -1,0 +1,300 @@
+"""The backend kit is the only part of the core a backend imports, and it holds what every
+backend needs once: the rule checked over the source of every backend in this repository
+(parsed, not imported), the version range each declares, and the kit's own helpers run for
+real (leases from a one-uid range, a launcher that dies before its bootstrap speaks)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import random
+import select
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+import psych_sandbox_core
+from psych_sandbox_core import backend_kit, identity
+from psych_sandbox_core.backend_kit import (
+    BackendUnavailable,
+    ExitStatus,
+    IdentityRange,
+    Launched,
+    ManagedProcess,
+    Mechanisms,
+    leased_identity,
+    wait_started,
+)
+from psych_sandbox_core.testing.leftovers import own_uid
+
+from .import_rules import ROOT, core_imports
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+GUIDE = ROOT / "docs" / "writing-a-backend.md"
+KIT = "psych_sandbox_core.backend_kit"
+#: The core's own modules a backend shipped inside the core may import besides the kit: the
+#: mechanisms that are that backend's alone.
+BUILTIN_OWN = {"psych_sandbox_core.backends.subprocess": {"psych_sandbox_core.pid_namespace"}}
+
+
+def plugin_projects() -> list[Path]:
+    """Every backend distribution in the repository: the plugins and the example."""
+    found = [p.parent for p in ROOT.glob("plugins/*/pyproject.toml")]
+    found += [p.parent for p in ROOT.glob("examples/*/pyproject.toml")]
+    assert found
+    return sorted(found)
+
+
+def package_sources(project: Path) -> list[Path]:
+    packages = tomllib.loads((project / "pyproject.toml").read_text())["tool"]["hatch"]["build"][
+        "targets"
+    ]["wheel"]["packages"]
+    return sorted(p for package in packages for p in (project / package).rglob("*.py"))
+
+
+def private_reads(path: Path) -> list[tuple[int, str]]:
+    """Attributes named ``_x`` that ``path`` reads but never defines itself: another
+    module's private state (the core's, for a backend)."""
+    tree = ast.parse(path.read_text(), str(path))
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Attribute):
+                        own.add(leaf.attr)
+                    elif isinstance(leaf, ast.Name):
+                        own.add(leaf.id)
+    return [
+        (node.lineno, node.attr)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and node.attr not in own
+    ]
+
+
+def backend_modules() -> Iterator[tuple[str, Path]]:
+    for project in plugin_projects():
+        for path in package_sources(project):
+            yield ".".join(path.relative_to(project).with_suffix("").parts), path
+    for path in sorted((ROOT / "psych_sandbox_core" / "backends").glob("*.py")):
+        yield f"psych_sandbox_core.backends.{path.stem}", path
+
+
+def test_backends_import_nothing_of_the_core_but_the_kit() -> None:
+    breaches = []
+    for module, path in backend_modules():
+        allowed = {KIT, *BUILTIN_OWN.get(module, ())}
+        for line, name in core_imports(path, module):
+            if name not in allowed:
+                breaches.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert breaches == [], "\n".join(breaches)
+
+
+def test_backends_read_no_private_attribute_of_the_core() -> None:
+    reads = [
+        f"{path.relative_to(ROOT)}:{line} reads {attr}"
+        for _, path in backend_modules()
+        for line, attr in private_reads(path)
+    ]
+    assert reads == [], "\n".join(reads)
+
+
+def test_the_rule_catches_a_breach(tmp_path: Path) -> None:
+    # The checks above cannot pass vacuously: each finds what it is there to find.
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from psych_sandbox_core.host import child_environment\n"
+        "from psych_sandbox_core import cgroups\n"
+        "from psych_sandbox_core.backend_kit import InheritedSocketChannel\n"
+        "InheritedSocketChannel()._host\n"
+    )
+    assert core_imports(bad, "plugin.bad") == [
+        (1, "psych_sandbox_core.host"),
+        (2, "psych_sandbox_core.cgroups"),
+        (3, KIT),
+    ]
+    assert private_reads(bad) == [(4, "_host")]
+    relative = tmp_path / "relative.py"
+    relative.write_text("from ..host import child_environment\nfrom .. import cgroups\n")
+    assert core_imports(relative, "psych_sandbox_core.backends.relative") == [
+        (1, "psych_sandbox_core.host"),
+        (2, "psych_sandbox_core.cgroups"),
+    ]
+
+
+def test_every_backend_declares_the_kits_minor_series() -> None:
+    major, minor = (int(part) for part in backend_kit.KIT_VERSION.split("."))
+    assert psych_sandbox_core.__version__.startswith(f"{major}.{minor}.")
+    wanted = f"psych-sandbox-core>={major}.{minor},<{major}.{minor + 1}"
+    for project in plugin_projects():
+        dependencies = tomllib.loads((project / "pyproject.toml").read_text())["project"][
+            "dependencies"
+        ]
+        core = [d for d in dependencies if d.startswith("psych-sandbox-core")]
+        assert core == [wanted], (project.name, core)
+
+
+def test_every_name_of_the_kit_resolves_and_is_documented() -> None:
+    guide = GUIDE.read_text()
+    for name in backend_kit.__all__:
+        assert getattr(backend_kit, name) is not None
+        assert f"`{name}`" in guide, f"{name} is exported by the kit but not in the guide"
+    assert "Compatibility policy" in guide
+    assert "Compatibility policy" in (backend_kit.__doc__ or "")
+
+
+# ---------------------------------------------------------------- leased_identity
+
+
+@pytest.fixture
+def one_uid() -> Iterator[IdentityRange]:
+    if os.geteuid() != 0:
+        pytest.skip("identities are leased only on a root host")
+    with own_uid(1_980_000_000 + random.randrange(1_000_000)) as options:
+        yield IdentityRange(options["identity_first_uid"], options["identity_count"])
+
+
+@pytest.fixture
+def sweeps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """Every sweep a retiring lease runs: (uid, whether it scanned for processes)."""
+    done: list[tuple[int, bool]] = []
+    real = identity.sweep
+
+    def recording(uid: int, gid: int, *, processes: bool = True) -> None:
+        done.append((uid, processes))
+        real(uid, gid, processes=processes)
+
+    monkeypatch.setattr(identity, "sweep", recording)
+    return done
+
+
+@pytest.mark.anyio
+async def test_a_lease_is_the_executions_alone_and_retired_on_the_way_out(
+    one_uid: IdentityRange, sweeps: list[tuple[int, bool]]
+) -> None:
+    async with leased_identity(one_uid, lease=True) as held:
+        assert held.ids == (one_uid.first, one_uid.first) and held.exclusive
+        # The range has one uid, held: another execution cannot have it meanwhile.
+        with pytest.raises(BackendUnavailable):
+            async with leased_identity(one_uid, lease=True):
+                pass
+    assert sweeps == [(one_uid.first, True)]
+    # Given back: the next execution gets it.
+    async with leased_identity(one_uid, lease=True) as again:
+        assert again.ids == held.ids
+
+
+@pytest.mark.anyio
+async def test_a_failed_execution_still_retires_its_lease(
+    one_uid: IdentityRange, sweeps: list[tuple[int, bool]]
+) -> None:
+    with pytest.raises(RuntimeError):
+        async with leased_identity(one_uid, lease=True):
+            raise RuntimeError("the launch failed")
+    assert sweeps == [(one_uid.first, True)]
+    async with leased_identity(one_uid, lease=True) as again:
+        assert again.exclusive
+
+
+@pytest.mark.anyio
+async def test_only_a_proof_spares_the_scan_for_processes(
+    one_uid: IdentityRange, sweeps: list[tuple[int, bool]], tmp_path: Path
+) -> None:
+    cgroup = tmp_path / "cgroup"  # an empty directory stands for an emptied cgroup
+    cgroup.mkdir()
+    async with leased_identity(one_uid, lease=True) as held:
+        held.proven_empty(None)  # no proof: nothing recorded
+        held.proven_empty(backend_kit.remove_execution_cgroup([cgroup]))
+    assert sweeps == [(one_uid.first, False)]
+
+
+@pytest.mark.anyio
+async def test_a_fixed_identity_or_none_leases_nothing(
+    sweeps: list[tuple[int, bool]],
+) -> None:
+    unused = IdentityRange(1_000_000_000, 1)
+    async with leased_identity(unused, lease=True, fixed=(65534, 65534)) as fixed:
+        assert fixed.ids == (65534, 65534) and not fixed.exclusive
+    async with leased_identity(unused, lease=False) as none:
+        assert none.ids is None and not none.exclusive
+    assert sweeps == []
+
+
+# ---------------------------------------------------------------- wait_started
+
+
+class _Process(Launched):
+    """A launcher as a backend wraps one: a real process, its streams and its teardown."""
+
+    def __init__(self, process: ManagedProcess) -> None:
+        self.process = process
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+        self.mechanisms = Mechanisms()
+
+    async def wait_exited(self) -> None:
+        await self.process.wait_exited()
+
+    async def terminate(self, grace_seconds: float) -> None:
+        await self.process.terminate(grace_seconds)
+
+    async def finish(self) -> ExitStatus:
+        return await self.process.kill_and_reap()
+
+
+@pytest.mark.anyio
+async def test_a_launcher_that_dies_first_is_unavailable_in_its_own_words() -> None:
+    process = await ManagedProcess.spawn(
+        ["sh", "-c", "echo 'no such mount' >&2; exit 3"], env={}, cwd="/"
+    )
+    try:
+        with pytest.raises(BackendUnavailable) as raised:
+            await wait_started(
+                _Process(process),
+                anyio.sleep_forever,
+                lambda: False,
+                seconds=30,
+                failure=lambda status, said: f"launcher {status.describe()}: {said}",
+            )
+        assert str(raised.value) == "launcher exited with status 3: no such mount"
+    finally:
+        await process.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_child_that_started_is_not_failed_by_its_launchers_exit() -> None:
+    # The child speaks, then its launcher exits at once: both may be seen together, and the
+    # launcher's exit must not turn a started child into a failed start.
+    read, write = os.pipe()
+    process = await ManagedProcess.spawn(
+        [sys.executable, "-c", f"import os; os.write({write}, b'up')"],
+        env={},
+        cwd="/",
+        pass_fds=(write,),
+    )
+    os.close(write)
+    try:
+        await wait_started(
+            _Process(process),
+            lambda: anyio.wait_readable(read),
+            lambda: bool(select.select([read], [], [], 0)[0]),
+            seconds=30,
+            failure=lambda status, said: f"failed: {said}",
+        )
+        assert os.read(read, 16) == b"up"
+    finally:
+        os.close(read)
+        await process.aclose()
