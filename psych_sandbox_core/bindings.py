@@ -85,6 +85,10 @@ class ToolSpec:
     #: Whether calling it may suspend the run (approval-gated, elicitation, a question to a
     #: person). Such tools are never offered to a program.
     may_suspend: bool = False
+    #: What the tool does, as its provider describes it (for listings a model reads).
+    description: str = ""
+    #: The JSON Schema of the tool's arguments, when its provider publishes one.
+    input_schema: dict[str, Any] | None = None
 
 
 class ToolCallError(Exception):
