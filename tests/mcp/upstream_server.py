@@ -2,6 +2,7 @@
 
 Run as ``python upstream_server.py stdio``, or ``python upstream_server.py http`` for
 streamable HTTP on a free loopback port, whose number it prints on stdout once listening.
+Further arguments are ignored: tests pass a marker to find the process in /proc.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def big(size: int) -> str:
 @server.tool(structured_output=False)
 def fail(reason: str) -> str:
     """Always fails, with the reason."""
-    raise ValueError(reason)
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    raise ToolError(reason)
 
 
 @server.tool(name="pixel", structured_output=False)
@@ -61,7 +64,14 @@ def pixel() -> Any:
 
 @server.tool(name="delete-everything", structured_output=False)
 def delete_everything() -> str:
-    """Would need a person's approval."""
+    """Would need a person's approval. Leaves a file named by $UPSTREAM_RAN_FILE when run, so
+    a test can see from outside whether it ever ran."""
+    import os
+
+    ran = os.environ.get("UPSTREAM_RAN_FILE")
+    if ran:
+        with open(ran, "w") as fh:
+            fh.write("ran")
     return "deleted"
 
 

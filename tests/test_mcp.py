@@ -1,0 +1,586 @@
+"""MCP in both directions, with real servers and real clients: the reference "everything"
+server from npm and a Python server (the SDK's MCPServer) as upstreams, programs calling their
+tools through real child processes, and ``psych-sandbox mcp`` driven by the SDK's client over
+stdio and streamable HTTP. What an upstream ran and which processes are left are judged from
+the host (a file the upstream writes, /proc), never from what a program prints."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types
+import pytest
+from mcp import Client, StdioServerParameters
+
+from psych_sandbox_core import Sandbox
+from psych_sandbox_core.bindings import BindingProvider, ToolSpec
+from psych_sandbox_core.config import parse_config
+from psych_sandbox_core.errors import ConfigurationError
+from psych_sandbox_core.mcp_bindings import McpBindings, connect_upstreams
+from psych_sandbox_core.mcp_settings import McpSettings
+from psych_sandbox_core.profiles import DeploymentConfig
+from psych_sandbox_core.testing.host import (
+    marker,
+    pids_with,
+    wait_for_pids,
+    wait_until,
+)
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+UPSTREAM = Path(__file__).resolve().parent / "mcp" / "upstream_server.py"
+PIXEL_SHA256 = "6b7fa434f92a8b80aab02d9bf1a12e49ffcae424e4013a1c4f68b67e3d2bbcd0"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    # The SDK's stdio transport and its HTTP server run on asyncio; the core's own tests
+    # cover trio.
+    return "asyncio"
+
+
+def everything_command() -> str:
+    """The reference server from npm, as scripts/setup --test installs it."""
+    explicit = os.environ.get("PSYCH_SANDBOX_MCP_EVERYTHING")
+    path = (
+        Path(explicit) if explicit else ROOT / ".venv/node/node_modules/.bin/mcp-server-everything"
+    )
+    if not path.exists():
+        pytest.fail(
+            f"the reference MCP server is not installed at {path}: run scripts/setup --test "
+            "(npm install --prefix .venv/node @modelcontextprotocol/server-everything)"
+        )
+    return str(path)
+
+
+def deployment_toml(
+    mark: str,
+    ran_file: Path,
+    *,
+    budgets: str = "",
+    http_url: str | None = None,
+) -> str:
+    """A deployment with a subprocess profile and both upstreams (the Python one over stdio,
+    or over streamable HTTP at ``http_url``); each upstream process carries ``mark``."""
+    python = (
+        f"""
+[mcp.upstreams.py]
+transport = "streamable-http"
+url = "{http_url}"
+approval = ["delete-everything"]
+"""
+        if http_url
+        else f"""
+[mcp.upstreams.py]
+transport = "stdio"
+command = {json.dumps(sys.executable)}
+args = [{json.dumps(str(UPSTREAM))}, "stdio", "{mark}"]
+env = {{ UPSTREAM_RAN_FILE = {json.dumps(str(ran_file))} }}
+approval = ["delete-everything"]
+"""
+    )
+    return f"""
+[profiles.mcp-test]
+backend = "subprocess"
+
+[profiles.mcp-test.limits]
+cpu_seconds = 20
+wall_seconds = 60.0
+
+[profiles.mcp-test.budgets]
+{budgets}
+
+[mcp]
+profile = "mcp-test"
+
+[mcp.upstreams.everything]
+transport = "stdio"
+command = {json.dumps(everything_command())}
+args = ["stdio", "{mark}"]
+{python}"""
+
+
+@pytest.fixture
+def mark() -> str:
+    return marker("psych-mcp")
+
+
+@pytest.fixture
+def ran_file(tmp_path: Path) -> Path:
+    return tmp_path / "delete-everything-ran"
+
+
+def config_of(text: str) -> DeploymentConfig:
+    return parse_config(text)
+
+
+@pytest.fixture
+async def upstreams(mark: str, ran_file: Path) -> AsyncIterator[tuple[McpBindings, Sandbox]]:
+    config = config_of(deployment_toml(mark, ran_file, budgets="result_bytes_per_call = 65536"))
+    async with connect_upstreams(config.mcp) as bindings, Sandbox(config) as sandbox:
+        yield bindings, sandbox
+    await wait_for_pids(mark, present=False)
+
+
+async def run(pair: tuple[McpBindings, Sandbox], source: str) -> Any:
+    bindings, sandbox = pair
+    return await sandbox.run(source, profile="mcp-test", bindings=bindings)
+
+
+# ------------------------------------------------------------------ the bindings provider
+
+
+async def test_every_upstream_tool_is_a_binding_with_its_description_and_schema(
+    upstreams: tuple[McpBindings, Sandbox],
+) -> None:
+    bindings, _ = upstreams
+    specs = {spec.name: spec for spec in await bindings.list_tools()}
+    # The reference server's names are not identifiers; the Python server's partly are.
+    assert {"echo", "get-sum", "get-tiny-image", "get-structured-content"} <= set(specs)
+    assert {"list-orders", "stats", "big", "fail", "pixel", "delete-everything"} <= set(specs)
+    get_sum = specs["get-sum"]
+    assert get_sum.description == "Returns the sum of two numbers"
+    assert get_sum.input_schema is not None
+    assert set(get_sum.input_schema["properties"]) == {"a", "b"}
+    assert specs["stats"].input_schema is not None
+    assert "values" in specs["stats"].input_schema["properties"]
+    # Never offered to a program: a long-running task, and a tool the deployment marks as
+    # needing approval.
+    assert specs["simulate-research-query"].may_suspend
+    assert specs["delete-everything"].may_suspend
+    assert not specs["get-sum"].may_suspend
+    assert bindings.problems == {}
+
+
+async def test_a_program_calls_upstream_tools_in_a_loop_and_reduces_their_results(
+    upstreams: tuple[McpBindings, Sandbox],
+) -> None:
+    result = await run(
+        upstreams,
+        """
+total = 0
+for a in range(10):
+    text = await call_tool("get-sum", {"a": a, "b": 100})
+    total += int(text.rstrip(".").split()[-1])
+orders = []
+page = 0
+while batch := await call_tool("list-orders", {"page": page}):
+    orders.extend(batch)
+    page += 1
+summary = await stats(values=[o["amount"] for o in orders])
+{"sum": total, "orders": len(orders), "stats": summary, "echo": await echo(message="hi"),
+ "names": ["get-sum" in TOOLS, "delete-everything" in TOOLS, "simulate-research-query" in TOOLS]}
+""",
+    )
+    assert result.error is None, result.error
+    assert result.return_value == {
+        "sum": sum(range(10)) + 1000,
+        "orders": 30,
+        "stats": {"sum": float(sum(range(30))), "mean": sum(range(30)) / 30},
+        "echo": "Echo: hi",
+        "names": [True, False, False],
+    }
+    assert len(result.calls) == 10 + 4 + 2
+    assert {call["outcome"] for call in result.calls} == {"ok"}
+
+
+async def test_results_are_converted_faithfully_and_binary_content_is_kept_not_inlined(
+    upstreams: tuple[McpBindings, Sandbox],
+) -> None:
+    bindings, _ = upstreams
+    result = await run(
+        upstreams,
+        """
+{
+    "structured": await call_tool("get-structured-content", {"location": "Chicago"}),
+    "json_text": await call_tool("list-orders", {"page": 2}),
+    "text": await echo(message="not json"),
+    "image": await pixel(),
+    "logo": await call_tool("get-tiny-image", {}),
+    "blob": await call_tool("get-resource-reference", {"resourceType": "Blob", "resourceId": 2}),
+}
+""",
+    )
+    assert result.error is None, result.error
+    value = result.return_value
+    assert set(value["structured"]) == {"temperature", "conditions", "humidity"}
+    assert value["json_text"][0] == {"id": 20, "amount": 20}
+    assert value["text"] == "Echo: not json"
+    (image,) = value["image"]
+    assert image["type"] == "image" and image["mime_type"] == "image/png"
+    assert image["sha256"] == PIXEL_SHA256 and image["size_bytes"] == 70
+    kept = bindings.binary(image["attachment"])
+    assert kept is not None and hashlib.sha256(kept.data).hexdigest() == PIXEL_SHA256
+    # Mixed content: each block with its type, text kept, the image described.
+    kinds = [block["type"] for block in value["logo"]]
+    assert kinds == ["text", "image", "text"]
+    logo = bindings.binary(value["logo"][1]["attachment"])
+    assert logo is not None and logo.data.startswith(b"\x89PNG")
+    blob = next(block for block in value["blob"] if block["type"] == "resource")
+    assert blob["uri"].startswith("demo://") and bindings.binary(blob["attachment"]) is not None
+    # No base64 crossed into the program.
+    assert "iVBOR" not in json.dumps(value)
+
+
+async def test_upstream_failures_reach_the_program_as_tool_error_kinds(
+    upstreams: tuple[McpBindings, Sandbox], ran_file: Path
+) -> None:
+    result = await run(
+        upstreams,
+        """
+kinds = {}
+for name, args in [("fail", {"reason": "disk on fire"}), ("delete-everything", {}),
+                   ("simulate-research-query", {"topic": "x"}), ("get-sum", {"a": "x"})]:
+    try:
+        await call_tool(name, args)
+        kinds[name] = "ok"
+    except ToolError as exc:
+        kinds[name] = [exc.kind, exc.message]
+kinds
+""",
+    )
+    assert result.error is None, result.error
+    kinds = result.return_value
+    assert kinds["fail"][0] == "tool_error" and "disk on fire" in kinds["fail"][1]
+    assert kinds["delete-everything"][0] == "approval_required"
+    assert kinds["simulate-research-query"][0] == "approval_required"
+    assert kinds["get-sum"][0] == "tool_error"
+    # Refused before it ran: the upstream never saw the call.
+    assert not ran_file.exists()
+
+
+async def test_a_tool_the_upstream_withdrew_is_gone_in_the_next_execution(
+    upstreams: tuple[McpBindings, Sandbox],
+) -> None:
+    first = await run(upstreams, '[("big" in TOOLS), await withdraw(tool="big")]')
+    assert first.return_value == [True, "withdrew big"]
+    second = await run(upstreams, '"big" in TOOLS')
+    assert second.return_value is False
+
+
+def python_upstream_pids(mark: str) -> list[int]:
+    """The Python upstream's processes carrying ``mark`` (not the reference server's)."""
+    found = []
+    for pid in pids_with(mark):
+        try:
+            if str(UPSTREAM) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+async def kill_python_upstream(mark: str) -> None:
+    (pid,) = python_upstream_pids(mark)
+    os.kill(pid, signal.SIGKILL)
+    await wait_until(lambda: pid not in pids_with(mark))
+
+
+class _KilledAfterListing(BindingProvider):
+    """The upstreams' tools as listed, then the Python upstream killed before any call."""
+
+    def __init__(self, inner: McpBindings, mark: str) -> None:
+        self.inner = inner
+        self.mark = mark
+
+    async def list_tools(self) -> Sequence[ToolSpec]:
+        specs = await self.inner.list_tools()
+        await kill_python_upstream(self.mark)
+        return specs
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> Any:
+        return await self.inner.call(name, arguments)
+
+
+async def test_a_killed_upstream_is_reported_as_data_and_the_others_keep_working(
+    mark: str, ran_file: Path
+) -> None:
+    config = config_of(deployment_toml(mark, ran_file))
+    async with connect_upstreams(config.mcp) as bindings, Sandbox(config) as sandbox:
+        await wait_until(lambda: python_upstream_pids(mark))
+        result = await sandbox.run(
+            """
+try:
+    await stats(values=[1])
+    outcome = "ok"
+except ToolError as exc:
+    outcome = exc.kind
+[outcome, await echo(message="still here")]
+""",
+            profile="mcp-test",
+            bindings=_KilledAfterListing(bindings, mark),
+        )
+        assert result.error is None, result.error
+        assert result.return_value == ["unreachable", "Echo: still here"]
+        # The next execution is not offered its tools, and the listing says why.
+        after = await sandbox.run(
+            '["stats" in TOOLS, "echo" in TOOLS]', profile="mcp-test", bindings=bindings
+        )
+        assert after.return_value == [False, True]
+        assert bindings.problems["py"].startswith("unreachable")
+    await wait_for_pids(mark, present=False)
+
+
+@pytest.fixture
+def http_upstream(mark: str) -> Iterator[str]:
+    process = subprocess.Popen(
+        [sys.executable, str(UPSTREAM), "http", mark], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+async def test_an_upstream_over_streamable_http(
+    http_upstream: str, mark: str, ran_file: Path
+) -> None:
+    config = config_of(deployment_toml(mark, ran_file, http_url=http_upstream))
+    async with connect_upstreams(config.mcp) as bindings, Sandbox(config) as sandbox:
+        result = await sandbox.run(
+            "await stats(values=[2, 4])", profile="mcp-test", bindings=bindings
+        )
+        assert result.error is None, result.error
+        assert result.return_value == {"sum": 6.0, "mean": 3.0}
+        refused = await sandbox.run(
+            """
+try:
+    await call_tool("delete-everything", {})
+    kind = "ok"
+except ToolError as exc:
+    kind = exc.kind
+kind
+""",
+            profile="mcp-test",
+            bindings=bindings,
+        )
+        assert refused.return_value == "approval_required"
+
+
+# ------------------------------------------------------------------ configuration
+
+
+def test_the_mcp_section_is_validated_strictly() -> None:
+    good = McpSettings.model_validate({"upstreams": {"a": {"transport": "stdio", "command": "x"}}})
+    assert good.profile == "default"
+    for bad, words in [
+        ("[mcp]\nprofle = 'x'", "mcp.profle: unknown key (did you mean 'profile'?)"),
+        ("[mcp.upstreams.a]\ntransport = 'tcp'", "does not match any of the expected tags"),
+        (
+            "[mcp.upstreams.a]\ntransport = 'streamable-http'\nurl = 'file:///etc/passwd'",
+            "is not an http:// or https:// URL",
+        ),
+        ("[mcp.upstreams.'a/b']\ntransport = 'stdio'\ncommand = 'x'", "not a valid upstream"),
+        ("[mcp.upstreams.a]\ntransport = 'stdio'\ncommand = ''", "at least 1 character"),
+        (
+            "[mcp.upstreams.a]\ntransport = 'stdio'\ncommand = 'x'\ntimeout_seconds = '5'",
+            "timeout_seconds: Input should be a valid number",
+        ),
+    ]:
+        with pytest.raises(ConfigurationError, match=None) as caught:
+            parse_config(bad)
+        assert words in str(caught.value), (bad, str(caught.value))
+
+
+def test_the_mcp_profile_must_exist() -> None:
+    with pytest.raises(ConfigurationError, match=r"mcp\.profile: no profile named 'nope'"):
+        Sandbox(parse_config("[mcp]\nprofile = 'nope'"))
+    Sandbox(parse_config("[mcp]\nprofile = 'subprocess'"))  # an installed backend's id
+
+
+# ------------------------------------------------------------------ psych-sandbox mcp
+
+
+def server_parameters(config: Path, tmp: Path) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=str(Path(sys.executable).with_name("psych-sandbox")),
+        args=["mcp", "--config", str(config)],
+        env={"TMPDIR": str(tmp)},
+    )
+
+
+def text_of(result: mcp_types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, mcp_types.TextContent)
+    return block.text
+
+
+async def test_the_mcp_server_end_to_end_over_stdio(
+    tmp_path: Path, mark: str, ran_file: Path
+) -> None:
+    config = tmp_path / "deployment.toml"
+    config.write_text(
+        deployment_toml(
+            mark, ran_file, budgets="calls_per_execution = 40\nresult_bytes_per_call = 65536"
+        )
+    )
+    server_tmp = tmp_path / "server-tmp"
+    server_tmp.mkdir()
+    async with Client(server_parameters(config, server_tmp)) as client:
+        listed = {tool.name for tool in (await client.list_tools()).tools}
+        assert listed == {"run_python", "list_callable_tools", "read_output"}
+
+        listing = text_of(await client.call_tool("list_callable_tools", {}))
+        assert 'call_tool("get-sum", {a: number, b: number}) - Returns the sum' in listing
+        assert "stats(values: array) - Sum and mean" in listing
+        assert "delete-everything" in listing.splitlines()[-1]  # listed as not callable
+
+        # A loop over upstream tools, reduced in the program.
+        loop = await client.call_tool(
+            "run_python",
+            {
+                "code": "sum([int((await call_tool('get-sum', {'a': i, 'b': i})).rstrip('.')"
+                ".split()[-1]) for i in range(20)])"
+            },
+        )
+        assert not loop.is_error, text_of(loop)
+        assert loop.structured_content is not None
+        assert loop.structured_content["return_value"] == 2 * sum(range(20))
+        assert loop.structured_content["tool_calls"] == 20
+
+        # A large tool result, paged inside the program; a large output, paged by handle.
+        paged = await client.call_tool(
+            "run_python",
+            {
+                "code": """
+handle = await big(size=200000)
+tail = await read_tool_output(handle, offset=199990, length=100)
+found = await read_tool_output(handle, pattern="!")
+print("y" * 50000 + "END")
+[type(handle).__name__, tail["text"], found["matches"][0]["offset"]]
+"""
+            },
+        )
+        view = paged.structured_content
+        assert view is not None and not paged.is_error, text_of(paged)
+        # The JSON text of the result is the string in quotes: "!" is its 200000th character.
+        assert view["return_value"] == ["ToolResultHandle", 'x' * 10 + '!"', 200000]
+        truncated = view["stdout_truncated"]
+        assert truncated["total_bytes"] == 50004
+        window = await client.call_tool(
+            "read_output", {"handle": truncated["handle"], "offset": 49990, "length": 100}
+        )
+        assert window.structured_content is not None
+        assert window.structured_content["text"] == "yyyyyyyyyyEND\n"
+        assert window.structured_content["eof"] is True
+
+        # Budgets: the profile allows 40 calls per execution.
+        budget = await client.call_tool(
+            "run_python",
+            {
+                "code": """
+kinds = []
+for i in range(50):
+    try:
+        await echo(message=str(i))
+        kinds.append("ok")
+    except ToolError as exc:
+        kinds.append(exc.kind)
+[kinds.count("ok"), kinds.count("budget_exhausted")]
+"""
+            },
+        )
+        assert budget.structured_content is not None
+        assert budget.structured_content["return_value"] == [40, 10]
+        assert budget.structured_content["failed_tool_calls"] == {"budget_exhausted": 10}
+
+        # An image an upstream returned: described to the program, its bytes by handle.
+        image = await client.call_tool("run_python", {"code": "(await pixel())[0]"})
+        assert image.structured_content is not None
+        descriptor = image.structured_content["return_value"]
+        read = await client.call_tool("read_output", {"handle": descriptor["attachment"]})
+        (block,) = read.content
+        assert isinstance(block, mcp_types.ImageContent) and block.mime_type == "image/png"
+        import base64
+
+        assert hashlib.sha256(base64.b64decode(block.data)).hexdigest() == PIXEL_SHA256
+
+        # A failing program is an answer, not a protocol error.
+        failed = await client.call_tool("run_python", {"code": "1 / 0"})
+        assert failed.is_error and failed.structured_content is not None
+        assert failed.structured_content["error"]["kind"] == "exception"
+        denied = await client.call_tool("read_output", {"handle": "att:0:forged"})
+        assert denied.is_error
+
+        # A killed upstream: reported as data in the next answer and listing.
+        await kill_python_upstream(mark)
+        gone = await client.call_tool(
+            "run_python", {"code": '["stats" in TOOLS, await echo(message="ok")]'}
+        )
+        assert gone.structured_content is not None
+        assert gone.structured_content["return_value"] == [False, "Echo: ok"]
+        listing = text_of(await client.call_tool("list_callable_tools", {}))
+        assert "unavailable: py: unreachable" in listing
+    # The server is gone with its client: no upstream process, no temporary folder left.
+    await wait_for_pids(mark, present=False)
+    assert list(server_tmp.iterdir()) == []
+    assert not ran_file.exists()
+
+
+async def test_the_mcp_server_over_streamable_http(
+    tmp_path: Path, mark: str, ran_file: Path
+) -> None:
+    config = tmp_path / "deployment.toml"
+    config.write_text(deployment_toml(mark, ran_file))
+    server_tmp = tmp_path / "server-tmp"
+    server_tmp.mkdir()
+    process = await anyio.open_process(
+        [
+            str(Path(sys.executable).with_name("psych-sandbox")),
+            "mcp",
+            "--config",
+            str(config),
+            "--transport",
+            "streamable-http",
+            "--port",
+            "0",
+        ],
+        env={**os.environ, "TMPDIR": str(server_tmp)},
+    )
+    try:
+        assert process.stderr is not None
+        announced = b""
+        with anyio.fail_after(60):
+            while b"serving at " not in announced:
+                announced += await process.stderr.receive()
+        url = announced.split(b"serving at ", 1)[1].split(b"\n", 1)[0].decode()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
+        async with Client(url) as client:
+            answer = await client.call_tool(
+                "run_python",
+                {
+                    "code": "[await stats(values=[1, 2, 3]), "
+                    "await call_tool('get-sum', {'a': 1, 'b': 2})]"
+                },
+            )
+            assert answer.structured_content is not None, text_of(answer)
+            assert answer.structured_content["return_value"] == [
+                {"sum": 6.0, "mean": 2.0},
+                "The sum of 1 and 2 is 3.",
+            ]
+        process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(60):
+            status = await process.wait()
+        assert status == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await process.aclose()
+    await wait_for_pids(mark, present=False)
+    assert list(server_tmp.iterdir()) == []
