@@ -468,8 +468,8 @@ print("y" * 50000 + "END")
         )
         view = paged.structured_content
         assert view is not None and not paged.is_error, text_of(paged)
-        # The JSON text of the result is the string in quotes: "!" is its 200000th character.
-        assert view["return_value"] == ["ToolResultHandle", 'x' * 10 + '!"', 200000]
+        # The JSON text of the result is the string in quotes, so "!" is at index 200000.
+        assert view["return_value"] == ["ToolResultHandle", "x" * 10 + '!"', 200000]
         truncated = view["stdout_truncated"]
         assert truncated["total_bytes"] == 50004
         window = await client.call_tool(
