@@ -584,3 +584,24 @@ async def test_the_mcp_server_over_streamable_http(
         await process.aclose()
     await wait_for_pids(mark, present=False)
     assert list(server_tmp.iterdir()) == []
+
+
+async def test_the_mcp_guide_example_runs_and_prints_what_it_claims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    text = (ROOT / "docs" / "mcp.md").read_text()
+    (toml,) = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
+    (example,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    claimed = re.search(r"What it prints:\n\n```\n(.*?)```", text, flags=re.S)
+    assert claimed is not None
+    config = tmp_path / "deployment.toml"
+    config.write_text(toml)
+    # As the guide says: psych-sandbox and the reference server on PATH.
+    path = [str(Path(sys.executable).parent), str(Path(everything_command()).parent)]
+    monkeypatch.setenv("PATH", os.pathsep.join([*path, os.environ.get("PATH", "")]))
+    namespace: dict[str, Any] = {"__name__": "mcp_guide"}
+    exec(compile(example, "mcp.md", "exec"), namespace)
+    lines = await namespace["main"](str(config))
+    assert lines == claimed.group(1).strip().splitlines()
