@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from .attachments import DEFAULT_WINDOW_BYTES, MAX_WINDOW_BYTES, AttachmentDenied
 from .bindings import ToolSpec
-from .blobstore import FilesystemBlobStore
+from .blobstore import BlobAddress, BlobStore, FilesystemBlobStore
 from .config import ConfigSource
 from .errors import ConfigurationError
 from .mcp_bindings import BINARY_HANDLE_PREFIX, McpBindings, connect_upstreams
@@ -50,8 +50,10 @@ Transport = Literal["stdio", "streamable-http"]
 
 #: Characters of a return value's JSON shown in an answer; past it, a handle to read it by.
 RETURN_PREVIEW_CHARS = 16 * 1024
-#: Runs whose output handles the server remembers (oldest forgotten first).
+#: Runs whose output the server keeps readable by handle, and the bytes it keeps for them
+#: on disk; past either, the oldest runs are forgotten.
 REMEMBERED_RUNS = 1024
+KEPT_BYTES = 1024 * 1024 * 1024
 #: Characters of a tool's description in the compact listing.
 LISTING_DESCRIPTION_CHARS = 160
 
@@ -67,6 +69,43 @@ to see the tools and their arguments. Reduce results in the program and return o
 needed."""
 
 
+class RetainingStore(BlobStore):
+    """The server's blob store: a private folder whose runs are forgotten oldest first once
+    more than ``max_runs`` runs, or more than ``max_bytes`` bytes, are kept, so a server that
+    runs for months does not fill its disk with output nobody will read again."""
+
+    def __init__(self, root: str, *, max_runs: int, max_bytes: int) -> None:
+        self._files = FilesystemBlobStore(root)
+        self.max_runs = max_runs
+        self.max_bytes = max_bytes
+        self._runs: OrderedDict[tuple[str, str], list[tuple[BlobAddress, int]]] = OrderedDict()
+        self._bytes = 0
+
+    async def put(self, address: BlobAddress, data: bytes) -> None:
+        await self._files.put(address, data)
+        self._runs.setdefault((address.tenant, address.run_id), []).append((address, len(data)))
+        self._bytes += len(data)
+
+    async def read(self, address: BlobAddress, offset: int = 0, length: int | None = None) -> bytes:
+        return await self._files.read(address, offset, length)
+
+    async def size(self, address: BlobAddress) -> int:
+        return await self._files.size(address)
+
+    async def evict(self, keep: tuple[str, str]) -> list[tuple[str, str]]:
+        """Remove the oldest runs (never ``keep``) until within bounds; the runs removed."""
+        evicted = []
+        while len(self._runs) > self.max_runs or self._bytes > self.max_bytes:
+            run = next((r for r in self._runs if r != keep), None)
+            if run is None:
+                break
+            for address, size in self._runs.pop(run):
+                await self._files.delete(address)
+                self._bytes -= size
+            evicted.append(run)
+        return evicted
+
+
 @dataclass
 class FrontDoor:
     """What the server's tools share: the sandbox, the upstream bindings and the handles."""
@@ -74,6 +113,7 @@ class FrontDoor:
     sandbox: Sandbox
     bindings: McpBindings
     profile: str
+    store: RetainingStore
     #: Output handles this server handed out, and the run each belongs to.
     handles: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
@@ -84,6 +124,7 @@ class FrontDoor:
             code, profile=self.profile, timeout=timeout, bindings=self.bindings
         )
         view = self._view(result)
+        await self._retain(result)
         return mcp_types.CallToolResult(
             content=[mcp_types.TextContent(type="text", text=_compact(view))],
             structured_content=view,
@@ -94,10 +135,19 @@ class FrontDoor:
         if handle is None or run_id is None:
             return None
         self.handles[handle] = run_id
-        self.handles.move_to_end(handle)
-        while len(self.handles) > REMEMBERED_RUNS * 3:
-            self.handles.popitem(last=False)
         return handle
+
+    async def _retain(self, result: ExecutionResult) -> None:
+        """Forget the oldest runs' output once the store is past its bounds."""
+        tenant, run_id = result.tenant or "default", result.run_id or ""
+        evicted = await self.store.evict(keep=(tenant, run_id))
+        if not evicted:
+            return
+        gone = {run for _, run in evicted}
+        for old_tenant, old_run in evicted:
+            self.sandbox.attachments.forget(old_tenant, old_run)
+        for handle in [h for h, run in self.handles.items() if run in gone]:
+            del self.handles[handle]
 
     def _view(self, result: ExecutionResult) -> dict[str, Any]:
         view: dict[str, Any] = {"ok": result.ok}
@@ -279,12 +329,13 @@ async def front_door(config: ConfigSource) -> AsyncIterator[FrontDoor]:
     """The sandbox and upstream connections a server runs on, for as long as the block lasts."""
     with tempfile.TemporaryDirectory(prefix="psych-mcp-results-") as store:
         # Invalid configuration fails here, before any upstream is started.
-        sandbox = Sandbox(config, blob_store=FilesystemBlobStore(store))
+        retaining = RetainingStore(store, max_runs=REMEMBERED_RUNS, max_bytes=KEPT_BYTES)
+        sandbox = Sandbox(config, blob_store=retaining)
         settings = sandbox.config.mcp
         async with connect_upstreams(settings) as bindings, sandbox:
             for name, problem in bindings.problems.items():
                 print(f"psych-sandbox mcp: upstream {name}: {problem}", file=sys.stderr)
-            yield FrontDoor(sandbox, bindings, settings.profile)
+            yield FrontDoor(sandbox, bindings, settings.profile, retaining)
 
 
 async def serve(

@@ -605,3 +605,28 @@ async def test_the_mcp_guide_example_runs_and_prints_what_it_claims(
     exec(compile(example, "mcp.md", "exec"), namespace)
     lines = await namespace["main"](str(config))
     assert lines == claimed.group(1).strip().splitlines()
+
+
+async def test_the_server_keeps_output_of_its_latest_runs_only(tmp_path: Path) -> None:
+    from psych_sandbox_core.mcp_server import FrontDoor, RetainingStore
+
+    store_root = tmp_path / "store"
+    store = RetainingStore(str(store_root), max_runs=2, max_bytes=10**9)
+    config = config_of('[profiles.mcp-test]\nbackend = "subprocess"')
+    async with Sandbox(config, blob_store=store) as sandbox:
+        front = FrontDoor(sandbox, McpBindings({}), "mcp-test", store)
+        handles = []
+        for n in range(4):
+            answer = await front.run_python(f"print({str(n)!r} * 100000)", None)
+            assert answer.structured_content is not None
+            handles.append(answer.structured_content["stdout_truncated"]["handle"])
+            # Judged on disk: at most two runs' output (100 kB of stdout each, and its
+            # records) is there at any time.
+            on_disk = sum(p.stat().st_size for p in store_root.rglob("*") if p.is_file())
+            assert min(n + 1, 2) * 100_000 < on_disk < 3 * 100_000
+        for old in handles[:2]:
+            denied = await front.read_output(old, 0, 10)
+            assert denied.is_error
+        latest = await front.read_output(handles[-1], 0, 10)
+        assert latest.structured_content is not None
+        assert latest.structured_content["text"] == "3333333333"
