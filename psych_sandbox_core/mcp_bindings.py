@@ -165,8 +165,11 @@ class McpBindings(BindingProvider):
             for tool in listings.get(upstream, []):
                 shared = len(offered_by[tool.name]) > 1
                 name = f"{upstream}/{tool.name}" if shared else tool.name
-                if not 0 < len(name) <= MAX_TOOL_NAME_CHARS or name in routes:
-                    problems[f"{upstream}/{tool.name}"] = "the tool's name is too long to offer"
+                if not 0 < len(name) <= MAX_TOOL_NAME_CHARS:
+                    problems[f"{upstream}/{tool.name[:64]}"] = "its name is too long to offer"
+                    continue
+                if name in routes:
+                    problems[f"{upstream}/{tool.name}"] = "the upstream lists the name twice"
                     continue
                 if len(specs) >= MAX_TOOLS:
                     problems[f"{upstream}/{tool.name}"] = (
