@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .attachments import DEFAULT_WINDOW_BYTES, MAX_WINDOW_BYTES, AttachmentDenied
-from .bindings import ToolSpec
 from .blobstore import BlobAddress, BlobStore, FilesystemBlobStore
 from .config import ConfigSource
 from .errors import ConfigurationError
 from .mcp_bindings import BINARY_HANDLE_PREFIX, McpBindings, connect_upstreams
 from .result import ExecutionResult
 from .sandbox import Sandbox
+from .tool_listing import listing_line
 
 try:
     import mcp_types
@@ -54,8 +54,6 @@ RETURN_PREVIEW_CHARS = 16 * 1024
 #: on disk; past either, the oldest runs are forgotten.
 REMEMBERED_RUNS = 1024
 KEPT_BYTES = 1024 * 1024 * 1024
-#: Characters of a tool's description in the compact listing.
-LISTING_DESCRIPTION_CHARS = 160
 
 RUN_PYTHON_DESCRIPTION = """\
 Run a Python program in an isolated sandbox (a fresh process each time; nothing survives it).
@@ -196,7 +194,7 @@ class FrontDoor:
 
     async def list_callable_tools(self) -> str:
         specs = await self.bindings.list_tools()
-        lines = [_listing_line(spec) for spec in specs if not spec.may_suspend]
+        lines = [listing_line(spec) for spec in specs if not spec.may_suspend]
         suspending = [spec.name for spec in specs if spec.may_suspend]
         if not lines:
             lines.append("(no tools are callable from a program right now)")
@@ -264,31 +262,6 @@ def _binary_block(handle: str, mime_type: str, data: bytes) -> mcp_types.Content
             uri=f"psych-sandbox:{handle}", mime_type=mime_type, blob=encoded
         ),
     )
-
-
-def _listing_line(spec: ToolSpec) -> str:
-    """``name(arg: type, optional?: type) - what it does``, in the form a program calls it."""
-    schema = spec.input_schema or {}
-    properties = schema.get("properties")
-    required = schema.get("required")
-    arguments = []
-    if isinstance(properties, dict):
-        needed = set(required) if isinstance(required, list) else set()
-        for name, prop in properties.items():
-            kind = prop.get("type", "any") if isinstance(prop, dict) else "any"
-            if isinstance(prop, dict) and isinstance(prop.get("enum"), list):
-                kind = "|".join(json.dumps(v) for v in prop["enum"][:8])
-            mark = "" if name in needed else "?"
-            arguments.append(f"{name}{mark}: {kind}")
-    call = (
-        f"{spec.name}({', '.join(arguments)})"
-        if spec.name.isidentifier()
-        else f'call_tool("{spec.name}", {{{", ".join(arguments)}}})'
-    )
-    description = " ".join(spec.description.split())
-    if len(description) > LISTING_DESCRIPTION_CHARS:
-        description = description[: LISTING_DESCRIPTION_CHARS - 1] + "…"
-    return f"{call} - {description}" if description else call
 
 
 def build_server(front: FrontDoor) -> MCPServer[Any]:

@@ -631,3 +631,20 @@ async def test_the_server_keeps_output_of_its_latest_runs_only(tmp_path: Path) -
         latest = await front.read_output(handles[-1], 0, 10)
         assert latest.structured_content is not None
         assert latest.structured_content["text"] == "3333333333"
+
+
+def test_the_listing_names_a_tool_as_the_program_calls_it() -> None:
+    from psych_sandbox_core.tool_listing import listing_line
+
+    schema = {
+        "type": "object",
+        "properties": {"q": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["q"],
+    }
+    assert listing_line(ToolSpec("search", description="Find\n things", input_schema=schema)) == (
+        "search(q: string, n?: integer) - Find things"
+    )
+    # No alias for a keyword, a builtin or a name that is not an identifier.
+    for name in ("class", "print", "list-repos", 'a"b'):
+        line = listing_line(ToolSpec(name, input_schema=schema))
+        assert line == f"call_tool({json.dumps(name)}, {{q: string, n?: integer}})"
