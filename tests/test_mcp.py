@@ -648,3 +648,36 @@ def test_the_listing_names_a_tool_as_the_program_calls_it() -> None:
     for name in ("class", "print", "list-repos", 'a"b'):
         line = listing_line(ToolSpec(name, input_schema=schema))
         assert line == f"call_tool({json.dumps(name)}, {{q: string, n?: integer}})"
+
+
+async def test_a_name_two_upstreams_offer_is_qualified_for_each(mark: str) -> None:
+    upstream = f"""
+transport = "stdio"
+command = {json.dumps(sys.executable)}
+args = [{json.dumps(str(UPSTREAM))}, "stdio", "{mark}"]
+"""
+    config = config_of(
+        f'[profiles.mcp-test]\nbackend = "subprocess"\n'
+        f"[mcp.upstreams.a]{upstream}[mcp.upstreams.b]{upstream}"
+    )
+    async with connect_upstreams(config.mcp) as bindings, Sandbox(config) as sandbox:
+        result = await sandbox.run(
+            """
+[sorted(t for t in TOOLS if t.endswith("stats")),
+ await call_tool("a/stats", {"values": [1]}), await call_tool("b/withdraw", {"tool": "big"})]
+""",
+            profile="mcp-test",
+            bindings=bindings,
+        )
+        assert result.error is None, result.error
+        assert result.return_value == [
+            ["a/stats", "b/stats"],
+            {"sum": 1.0, "mean": 1.0},
+            "withdrew big",
+        ]
+        # Withdrawn from b only: a's keeps the plain name now that no one else offers it.
+        after = await sandbox.run(
+            '[t for t in TOOLS if t.endswith("big")]', profile="mcp-test", bindings=bindings
+        )
+        assert after.return_value == ["big"]
+    await wait_for_pids(mark, present=False)
