@@ -21,13 +21,16 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import socket
 import sys
 import tempfile
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+import anyio
 
 from .attachments import DEFAULT_WINDOW_BYTES, MAX_WINDOW_BYTES, AttachmentDenied
 from .blobstore import BlobAddress, BlobStore, FilesystemBlobStore
@@ -311,6 +314,65 @@ async def front_door(config: ConfigSource) -> AsyncIterator[FrontDoor]:
             yield FrontDoor(sandbox, bindings, settings.profile, retaining)
 
 
+#: Longest line read from a stdio client before it is refused (the SDK's HTTP request ceiling).
+MAX_STDIO_LINE_BYTES = 64 * 1024 * 1024
+
+
+class _StdinLines:
+    """The lines a stdio client sends, read from fd 0 without a worker thread.
+
+    The SDK reads stdin on a worker thread that nothing can interrupt, so a server asked to
+    stop (a signal) would wait for the client's next message. This waits on the descriptor in
+    the event loop instead, and stops when cancelled. Fd 0 itself is pointed at the null
+    device meanwhile, so no child of the server reads what the client sends.
+    """
+
+    def __init__(self) -> None:
+        self._fd = os.dup(0)
+        os.set_blocking(self._fd, False)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        self._buffer = b""
+
+    def close(self) -> None:
+        os.dup2(self._fd, 0)
+        os.close(self._fd)
+
+    def __aiter__(self) -> _StdinLines:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line, self._buffer = self._buffer[: end + 1], self._buffer[end + 1 :]
+                return line.decode("utf-8", "replace")
+            if len(self._buffer) > MAX_STDIO_LINE_BYTES:
+                raise StopAsyncIteration  # a client that never ends a line: hang up
+            await anyio.wait_readable(self._fd)
+            try:
+                chunk = os.read(self._fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise StopAsyncIteration
+            self._buffer += chunk
+
+
+async def _serve_stdio(server: MCPServer[Any]) -> None:
+    from mcp.server.stdio import stdio_server
+
+    lines = _StdinLines()
+    try:
+        # The SDK iterates its stdin with ``async for`` and nothing else.
+        async with stdio_server(stdin=cast("anyio.AsyncFile[str]", lines)) as (read, write):
+            lowlevel = server._lowlevel_server
+            await lowlevel.run(read, write, lowlevel.create_initialization_options())
+    finally:
+        lines.close()
+
+
 async def serve(
     config: ConfigSource,
     transport: Transport,
@@ -323,7 +385,7 @@ async def serve(
     async with front_door(config) as front:
         server = build_server(front)
         if transport == "stdio":
-            await server.run_stdio_async()
+            await _serve_stdio(server)
             return
         import uvicorn
 

@@ -681,3 +681,45 @@ args = [{json.dumps(str(UPSTREAM))}, "stdio", "{mark}"]
         )
         assert after.return_value == ["big"]
     await wait_for_pids(mark, present=False)
+
+
+async def test_a_signal_to_the_server_tears_down_a_running_program_and_the_upstreams(
+    tmp_path: Path, mark: str, ran_file: Path
+) -> None:
+    config = tmp_path / f"{mark}.toml"  # the server's command line carries the mark too
+    config.write_text(deployment_toml(mark, ran_file))
+    server_tmp = tmp_path / "server-tmp"
+    server_tmp.mkdir()
+    sleeper = marker("psych-mcp-sleeper")
+    program = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {sleeper!r}],"
+        " start_new_session=True)\n"
+        "import time\ntime.sleep(600)"
+    )
+    outcome: list[BaseException] = []
+    async with anyio.create_task_group() as group:
+
+        async def drive() -> None:
+            try:
+                async with Client(server_parameters(config, server_tmp)) as client:
+                    await client.call_tool("run_python", {"code": program})
+            except BaseException as exc:  # the server went away mid-call
+                outcome.append(exc)
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    raise
+
+        group.start_soon(drive)
+        await wait_for_pids(sleeper)
+        (server,) = [
+            pid
+            for pid in pids_with(str(config))
+            if "mcp" in Path(f"/proc/{pid}/cmdline").read_text()
+        ]
+        os.kill(server, signal.SIGTERM)
+    assert outcome, "the call should have failed when the server went away"
+    # Judged from the host: the program's detached descendant, the upstreams and the server's
+    # temporary folder are gone.
+    await wait_for_pids(sleeper, present=False)
+    await wait_for_pids(mark, present=False)
+    assert list(server_tmp.iterdir()) == []
