@@ -389,6 +389,13 @@ async def serve(
             return
         import uvicorn
 
+        if not _loopback(host):
+            # Anyone who can reach the port can run programs and call the upstreams' tools.
+            print(
+                f"psych-sandbox mcp: warning: listening on {host}, not a loopback address; "
+                "this server has no authentication of its own: put it behind one",
+                file=sys.stderr,
+            )
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -406,3 +413,14 @@ async def serve(
             app = server.streamable_http_app(host=host)
             web = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
             await web.serve(sockets=[listener])
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
