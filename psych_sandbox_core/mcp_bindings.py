@@ -273,6 +273,15 @@ def _mcp_error(route: _Route, name: str, exc: MCPError) -> ToolCallError:
             CallErrorKind.UNREACHABLE.value,
             f"the MCP server {route.upstream!r} did not answer {name!r} in time",
         )
+    if exc.code == mcp_types.MISSING_REQUIRED_CLIENT_CAPABILITY:
+        # The tool asks a person (elicitation) or a model (sampling) for something: this
+        # client offers neither, since a program cannot stop and wait for an answer.
+        return ToolCallError(
+            CallErrorKind.APPROVAL_REQUIRED.value,
+            f"{name!r} needs an answer from a person or a model before it can finish, which a "
+            f"program cannot give ({_describe(exc)}); nothing was completed. Call it directly "
+            "as a tool instead",
+        )
     if exc.code == mcp_types.INVALID_PARAMS:
         return ToolCallError(CallErrorKind.INVALID_ARGUMENTS.value, f"{name}: {_describe(exc)}")
     return ToolCallError(CallErrorKind.TOOL_ERROR.value, f"{name}: {_describe(exc)}")

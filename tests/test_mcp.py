@@ -240,7 +240,8 @@ async def test_upstream_failures_reach_the_program_as_tool_error_kinds(
         """
 kinds = {}
 for name, args in [("fail", {"reason": "disk on fire"}), ("delete-everything", {}),
-                   ("simulate-research-query", {"topic": "x"}), ("get-sum", {"a": "x"})]:
+                   ("simulate-research-query", {"topic": "x"}), ("get-sum", {"a": "x"}),
+                   ("confirm-with-person", {})]:
     try:
         await call_tool(name, args)
         kinds[name] = "ok"
@@ -255,6 +256,8 @@ kinds
     assert kinds["delete-everything"][0] == "approval_required"
     assert kinds["simulate-research-query"][0] == "approval_required"
     assert kinds["get-sum"][0] == "tool_error"
+    # An elicitation: the upstream asks for a person's answer, which a program cannot give.
+    assert kinds["confirm-with-person"][0] == "approval_required"
     # Refused before it ran: the upstream never saw the call.
     assert not ran_file.exists()
 

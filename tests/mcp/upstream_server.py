@@ -10,11 +10,13 @@ from __future__ import annotations
 import base64
 import socket
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import uvicorn
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.resolve import Elicit, Resolve
+from pydantic import BaseModel
 
 #: A 1x1 PNG, small enough to check byte for byte.
 PIXEL = base64.b64decode(
@@ -73,6 +75,20 @@ def delete_everything() -> str:
         with open(ran, "w") as fh:
             fh.write("ran")
     return "deleted"
+
+
+class Confirmation(BaseModel):
+    sure: bool
+
+
+def ask_a_person() -> Elicit[Confirmation]:
+    return Elicit("Really?", Confirmation)
+
+
+@server.tool(name="confirm-with-person", structured_output=False)
+def confirm_with_person(answer: Annotated[Confirmation, Resolve(ask_a_person)]) -> str:
+    """Asks a person (an elicitation) before it answers."""
+    return f"sure: {answer.sure}"
 
 
 @server.tool(name="withdraw", structured_output=False)
