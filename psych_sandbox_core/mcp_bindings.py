@@ -28,6 +28,7 @@ import binascii
 import contextlib
 import hashlib
 import json
+import math
 import secrets
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
@@ -315,10 +316,23 @@ def _text_value(text: str) -> Any:
         or _numeric(stripped)
     ):
         try:
-            return json.loads(stripped)
+            return json.loads(stripped, parse_constant=_not_json, parse_float=_finite)
         except (ValueError, RecursionError):
             pass
     return text
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float, refusing one too large for a float (1e999): that text is
+    kept as text rather than becoming a value the program could not be sent."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of range")
+    return value
 
 
 def _numeric(text: str) -> bool:

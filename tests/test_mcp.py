@@ -726,3 +726,50 @@ async def test_a_signal_to_the_server_tears_down_a_running_program_and_the_upstr
     await wait_for_pids(sleeper, present=False)
     await wait_for_pids(mark, present=False)
     assert list(server_tmp.iterdir()) == []
+
+
+def test_result_conversion_edges() -> None:
+    import base64
+
+    from psych_sandbox_core.bindings import ToolCallError
+    from psych_sandbox_core.mcp_bindings import BinaryKeeper, convert_result
+
+    def text(*texts: str, **fields: Any) -> mcp_types.CallToolResult:
+        blocks: list[mcp_types.ContentBlock] = [mcp_types.TextContent(text=t) for t in texts]
+        return mcp_types.CallToolResult(content=blocks, **fields)
+
+    keeper = BinaryKeeper(max_bytes=100)
+    # Structured content wins over the text that mirrors it.
+    assert convert_result(text('{"a": 1}', structured_content={"a": 2}), keeper) == {"a": 2}
+    assert convert_result(text("[1, 2]"), keeper) == [1, 2]
+    # Text that is not JSON, or JSON no program could be sent (NaN, 1e999), stays text.
+    for kept in ("Echo: hi", "NaN", "[1e999]", "123abc"):
+        assert convert_result(text(kept), keeper) == kept
+    assert convert_result(mcp_types.CallToolResult(content=[]), keeper) is None
+    assert convert_result(text("a", '{"b": 1}'), keeper) == [
+        {"type": "text", "text": "a"},
+        {"type": "text", "text": '{"b": 1}', "data": {"b": 1}},
+    ]
+    with pytest.raises(ToolCallError) as failed:
+        convert_result(text("quota exceeded", is_error=True), keeper)
+    assert failed.value.kind == "tool_error" and failed.value.message == "quota exceeded"
+
+    def image(data: bytes) -> mcp_types.CallToolResult:
+        encoded = base64.b64encode(data).decode()
+        return mcp_types.CallToolResult(
+            content=[mcp_types.ImageContent(data=encoded, mime_type="image/png")]
+        )
+
+    (small,) = convert_result(image(b"x" * 60), keeper)
+    (other,) = convert_result(image(b"y" * 60), keeper)
+    # Bounded: the older image is forgotten to keep the newer; one over the bound alone is
+    # described but not kept.
+    assert keeper.get(small["attachment"]) is None
+    assert keeper.get(other["attachment"]) is not None
+    (huge,) = convert_result(image(b"z" * 101), keeper)
+    assert huge["attachment"] is None and huge["size_bytes"] == 101
+    broken = mcp_types.CallToolResult(
+        content=[mcp_types.ImageContent(data="not base64!", mime_type="image/png")]
+    )
+    with pytest.raises(ToolCallError, match="not valid base64"):
+        convert_result(broken, keeper)
