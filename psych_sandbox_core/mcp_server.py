@@ -37,6 +37,7 @@ from .blobstore import BlobAddress, BlobStore, FilesystemBlobStore
 from .config import ConfigSource
 from .errors import ConfigurationError
 from .mcp_bindings import BINARY_HANDLE_PREFIX, McpBindings, connect_upstreams
+from .provider_shapes import cut_text
 from .result import ExecutionResult
 from .sandbox import Sandbox
 from .tool_listing import listing_line
@@ -53,6 +54,9 @@ Transport = Literal["stdio", "streamable-http"]
 
 #: Characters of a return value's JSON shown in an answer; past it, a handle to read it by.
 RETURN_PREVIEW_CHARS = 16 * 1024
+#: Characters of a failure's message and of its traceback in an answer (a head and a tail):
+#: the streams' previews are 16 KiB each, and a failure should not outweigh them.
+FAILURE_TEXT_CHARS = 16 * 1024
 #: Runs whose output the server keeps readable by handle, and the bytes it keeps for them
 #: on disk; past either, the oldest runs are forgotten.
 REMEMBERED_RUNS = 1024
@@ -136,6 +140,8 @@ class FrontDoor:
         if handle is None or run_id is None:
             return None
         self.handles[handle] = run_id
+        while len(self.handles) > REMEMBERED_RUNS * 3:  # three streams' worth per run
+            self.handles.popitem(last=False)
         return handle
 
     async def _retain(self, result: ExecutionResult) -> None:
@@ -169,9 +175,13 @@ class FrontDoor:
             error = result.error
             view["error"] = {
                 "kind": error.kind.value,
-                "message": error.message,
+                "message": cut_text(error.message, FAILURE_TEXT_CHARS),
                 "guidance": error.guidance,
-                **({"traceback": error.traceback} if error.traceback else {}),
+                **(
+                    {"traceback": cut_text(error.traceback, FAILURE_TEXT_CHARS)}
+                    if error.traceback
+                    else {}
+                ),
             }
         for name in ("stdout", "stderr"):
             text = getattr(result, name)

@@ -773,3 +773,33 @@ def test_result_conversion_edges() -> None:
     )
     with pytest.raises(ToolCallError, match="not valid base64"):
         convert_result(broken, keeper)
+
+
+async def test_an_answer_is_bounded_whatever_the_program_does(tmp_path: Path) -> None:
+    from psych_sandbox_core.mcp_server import (
+        FAILURE_TEXT_CHARS,
+        RETURN_PREVIEW_CHARS,
+        FrontDoor,
+        RetainingStore,
+    )
+
+    store = RetainingStore(str(tmp_path / "store"), max_runs=8, max_bytes=10**9)
+    config = config_of('[profiles.mcp-test]\nbackend = "subprocess"')
+    async with Sandbox(config, blob_store=store) as sandbox:
+        front = FrontDoor(sandbox, McpBindings({}), "mcp-test", store)
+        failed = await front.run_python("raise ValueError('x' * 10**6)", None)
+        assert failed.is_error and failed.structured_content is not None
+        error = failed.structured_content["error"]
+        assert error["kind"] == "exception"
+        assert len(error["message"]) <= FAILURE_TEXT_CHARS
+        assert len(error["traceback"]) <= FAILURE_TEXT_CHARS
+        big = await front.run_python("'y' * 50000", None)  # under the 64 KiB return limit
+        view = big.structured_content
+        assert view is not None and "return_value" not in view
+        assert len(view["return_value_preview"]) == RETURN_PREVIEW_CHARS
+        truncated = view["return_value_truncated"]
+        assert truncated["chars"] == 50002
+        window = await front.read_output(truncated["handle"], 50002 - 7, 100)
+        assert window.structured_content is not None
+        assert window.structured_content["text"] == 'yyyyyy"'
+        assert len(text_of(big)) < 3 * RETURN_PREVIEW_CHARS
