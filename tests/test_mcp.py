@@ -35,7 +35,12 @@ from psych_sandbox_core.testing.host import (
     wait_until,
 )
 
-pytestmark = pytest.mark.anyio
+#: Each test starts real servers (Node.js, Python interpreters importing the SDK, the
+#: sandbox's children); on a loaded two-core machine that is slow, never stuck.
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+
+#: Seconds to wait for processes to appear or go (polled: they are not this process's own).
+PROCESS_DEADLINE = 120.0
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).resolve().parent / "mcp" / "upstream_server.py"
@@ -129,7 +134,7 @@ async def upstreams(mark: str, ran_file: Path) -> AsyncIterator[tuple[McpBinding
     config = config_of(deployment_toml(mark, ran_file, budgets="result_bytes_per_call = 65536"))
     async with connect_upstreams(config.mcp) as bindings, Sandbox(config) as sandbox:
         yield bindings, sandbox
-    await wait_for_pids(mark, present=False)
+    await wait_for_pids(mark, present=False, deadline=PROCESS_DEADLINE)
 
 
 async def run(pair: tuple[McpBindings, Sandbox], source: str) -> Any:
@@ -286,7 +291,7 @@ def python_upstream_pids(mark: str) -> list[int]:
 async def kill_python_upstream(mark: str) -> None:
     (pid,) = python_upstream_pids(mark)
     os.kill(pid, signal.SIGKILL)
-    await wait_until(lambda: pid not in pids_with(mark))
+    await wait_until(lambda: pid not in pids_with(mark), PROCESS_DEADLINE)
 
 
 class _KilledAfterListing(BindingProvider):
@@ -310,7 +315,7 @@ async def test_a_killed_upstream_is_reported_as_data_and_the_others_keep_working
 ) -> None:
     config = config_of(deployment_toml(mark, ran_file))
     async with connect_upstreams(config.mcp) as bindings, Sandbox(config) as sandbox:
-        await wait_until(lambda: python_upstream_pids(mark))
+        await wait_until(lambda: python_upstream_pids(mark), PROCESS_DEADLINE)
         result = await sandbox.run(
             """
 try:
@@ -331,7 +336,7 @@ except ToolError as exc:
         )
         assert after.return_value == [False, True]
         assert bindings.problems["py"].startswith("unreachable")
-    await wait_for_pids(mark, present=False)
+    await wait_for_pids(mark, present=False, deadline=PROCESS_DEADLINE)
 
 
 @pytest.fixture
@@ -530,7 +535,7 @@ for i in range(50):
         listing = text_of(await client.call_tool("list_callable_tools", {}))
         assert "unavailable: py: unreachable" in listing
     # The server is gone with its client: no upstream process, no temporary folder left.
-    await wait_for_pids(mark, present=False)
+    await wait_for_pids(mark, present=False, deadline=PROCESS_DEADLINE)
     assert list(server_tmp.iterdir()) == []
     assert not ran_file.exists()
 
@@ -558,7 +563,7 @@ async def test_the_mcp_server_over_streamable_http(
     try:
         assert process.stderr is not None
         announced = b""
-        with anyio.fail_after(60):
+        with anyio.fail_after(PROCESS_DEADLINE):
             while b"serving at " not in announced:
                 announced += await process.stderr.receive()
         url = announced.split(b"serving at ", 1)[1].split(b"\n", 1)[0].decode()
@@ -577,7 +582,7 @@ async def test_the_mcp_server_over_streamable_http(
                 "The sum of 1 and 2 is 3.",
             ]
         process.send_signal(signal.SIGTERM)
-        with anyio.fail_after(60):
+        with anyio.fail_after(PROCESS_DEADLINE):
             status = await process.wait()
         assert status == 0
     finally:
@@ -585,7 +590,7 @@ async def test_the_mcp_server_over_streamable_http(
             process.kill()
             await process.wait()
         await process.aclose()
-    await wait_for_pids(mark, present=False)
+    await wait_for_pids(mark, present=False, deadline=PROCESS_DEADLINE)
     assert list(server_tmp.iterdir()) == []
 
 
@@ -683,7 +688,7 @@ args = [{json.dumps(str(UPSTREAM))}, "stdio", "{mark}"]
             '[t for t in TOOLS if t.endswith("big")]', profile="mcp-test", bindings=bindings
         )
         assert after.return_value == ["big"]
-    await wait_for_pids(mark, present=False)
+    await wait_for_pids(mark, present=False, deadline=PROCESS_DEADLINE)
 
 
 async def test_a_signal_to_the_server_tears_down_a_running_program_and_the_upstreams(
@@ -713,7 +718,7 @@ async def test_a_signal_to_the_server_tears_down_a_running_program_and_the_upstr
                     raise
 
         group.start_soon(drive)
-        await wait_for_pids(sleeper)
+        await wait_for_pids(sleeper, deadline=PROCESS_DEADLINE)
         (server,) = [
             pid
             for pid in pids_with(str(config))
@@ -723,8 +728,8 @@ async def test_a_signal_to_the_server_tears_down_a_running_program_and_the_upstr
     assert outcome, "the call should have failed when the server went away"
     # Judged from the host: the program's detached descendant, the upstreams and the server's
     # temporary folder are gone.
-    await wait_for_pids(sleeper, present=False)
-    await wait_for_pids(mark, present=False)
+    await wait_for_pids(sleeper, present=False, deadline=PROCESS_DEADLINE)
+    await wait_for_pids(mark, present=False, deadline=PROCESS_DEADLINE)
     assert list(server_tmp.iterdir()) == []
 
 
