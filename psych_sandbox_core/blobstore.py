@@ -8,6 +8,7 @@ storage (paths, keys) is ever shown to a program.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -93,3 +94,8 @@ class FilesystemBlobStore(BlobStore):
             return self._path(address).stat().st_size
         except FileNotFoundError:
             raise BlobNotFound(address.key) from None
+
+    async def delete(self, address: BlobAddress) -> None:
+        """Remove the blob, if it is there (retention is the store owner's to decide)."""
+        path = self._path(address)
+        await anyio.to_thread.run_sync(functools.partial(path.unlink, missing_ok=True))

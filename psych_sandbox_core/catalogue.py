@@ -335,7 +335,7 @@ def describe_tools(
     index = 0
     # Signatures and a line of description while they fit in the budget...
     for index, spec in enumerate(specs):  # noqa: B007 (index is read after the loop)
-        line = _tool_line(spec, description_chars)
+        line = "- " + tool_line(spec, description_chars)
         if used + len(line) + 1 > max_chars - 200:
             break
         lines.append(line)
@@ -368,7 +368,13 @@ def _call_form(spec: ToolSpec) -> str:
     return alias if alias is not None else f"call_tool({spec.name!r}, ...)"
 
 
-def _tool_line(spec: ToolSpec, description_chars: int) -> str:
+#: Characters of a tool's description in one line of a listing.
+LISTING_DESCRIPTION_CHARS = 160
+
+
+def tool_line(spec: ToolSpec, description_chars: int = LISTING_DESCRIPTION_CHARS) -> str:
+    """One tool in one line, in the form a program calls it: ``name(arg: type, ...): what
+    it does``, or through ``call_tool`` where it has no alias."""
     parameters = _parameters(spec.input_schema)
     alias = alias_for(spec.name)
     if alias is not None:
@@ -376,7 +382,7 @@ def _tool_line(spec: ToolSpec, description_chars: int) -> str:
     else:
         call = f"call_tool({spec.name!r}, {{{parameters or '...'}}})"
     description = _first_line(spec.description, description_chars)
-    return f"- {call}" + (f": {description}" if description else "")
+    return call + (f": {description}" if description else "")
 
 
 def _parameters(schema: dict[str, Any] | None) -> str | None:

@@ -75,7 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print exactly one JSON object")
     profiles = commands.add_parser("profiles", help="list the configured profiles")
     profiles.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    for command in (run, doctor, profiles):
+    mcp = commands.add_parser(
+        "mcp",
+        help="serve run_python as an MCP server; programs may call the configured upstream "
+        "MCP servers' tools (needs psych-sandbox-core[mcp])",
+    )
+    mcp.add_argument(
+        "--transport", choices=("stdio", "streamable-http"), default="stdio", help="default: stdio"
+    )
+    mcp.add_argument(
+        "--host", default="127.0.0.1", help="streamable-http: address to listen on (loopback)"
+    )
+    mcp.add_argument(
+        "--port", type=int, default=8000, help="streamable-http: port (0 picks a free one)"
+    )
+    for command in (run, doctor, profiles, mcp):
         command.add_argument(
             "--config",
             default=None,
@@ -278,7 +292,44 @@ def _command_profiles(args: argparse.Namespace) -> int:
     return command_profiles(args.config, args.json)
 
 
-_COMMANDS = {"run": _command_run, "doctor": _command_doctor, "profiles": _command_profiles}
+def _command_mcp(args: argparse.Namespace) -> int:
+    import signal
+
+    import anyio
+
+    from .mcp_server import serve
+
+    def announce(url: str) -> None:
+        print(f"psych-sandbox mcp: serving at {url}", file=sys.stderr, flush=True)
+
+    async def main() -> None:
+        # A signal ends the server through cancellation, so every execution, upstream
+        # process and temporary folder is torn down before the command exits.
+        with anyio.open_signal_receiver(
+            *(signal.Signals[name] for name in CANCEL_SIGNALS)
+        ) as signals:
+            async with anyio.create_task_group() as group:
+
+                async def stop() -> None:
+                    async for _ in signals:
+                        group.cancel_scope.cancel()
+
+                group.start_soon(stop)
+                await serve(
+                    args.config, args.transport, host=args.host, port=args.port, announce=announce
+                )
+                group.cancel_scope.cancel()
+
+    anyio.run(main)
+    return EXIT_OK
+
+
+_COMMANDS = {
+    "run": _command_run,
+    "doctor": _command_doctor,
+    "profiles": _command_profiles,
+    "mcp": _command_mcp,
+}
 
 
 if __name__ == "__main__":

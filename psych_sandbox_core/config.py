@@ -37,7 +37,7 @@ from pydantic import BaseModel, ValidationError
 from .backend import Backend
 from .errors import ConfigurationError
 from .grading import level_at_least
-from .profiles import DeploymentConfig
+from .profiles import DEFAULT_PROFILE, DeploymentConfig
 from .registry import BackendRegistry
 
 if sys.version_info >= (3, 11):
@@ -190,6 +190,18 @@ def config_problems(config: DeploymentConfig, registry: BackendRegistry) -> list
             registry.get(backend_id)
         except ConfigurationError as exc:
             problems.append(ConfigProblem(None, f"backend_preference: {exc}"))
+    mcp_profile = config.mcp.profile
+    if mcp_profile not in config.profiles and mcp_profile != DEFAULT_PROFILE:
+        try:
+            registry.get(mcp_profile)
+        except ConfigurationError:
+            problems.append(
+                ConfigProblem(
+                    None,
+                    f"mcp.profile: no profile named {mcp_profile!r} is configured and no "
+                    "installed backend has that id",
+                )
+            )
     for name, profile in config.profiles.items():
         if profile.backend is None:
             continue  # default's backend is chosen on this host: see selection.py

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .budgets import BindingBudgets
 from .grading import Level, LevelSetting
+from .mcp_settings import McpSettings
 from .output import OutputPolicy
 from .terms import ExecutionLimits
 
@@ -59,6 +60,8 @@ class DeploymentConfig(BaseModel):
     #: Backend ids ``default`` tries first within a level, before the built-in order (see
     #: selection.py): how a deployment prefers a third-party backend.
     backend_preference: list[str] = Field(default_factory=list)
+    #: Upstream MCP servers and the profile ``psych-sandbox mcp`` serves (mcp_settings.py).
+    mcp: McpSettings = Field(default_factory=McpSettings)
 
     @field_validator("profiles")
     @classmethod
