@@ -196,7 +196,7 @@ summary = await stats(values=[o["amount"] for o in orders])
         "names": [True, False, False],
     }
     assert len(result.calls) == 10 + 4 + 2
-    assert {call["outcome"] for call in result.calls} == {"ok"}
+    assert {call.outcome for call in result.calls} == {"ok"}
 
 
 async def test_results_are_converted_faithfully_and_binary_content_is_kept_not_inlined(
@@ -444,8 +444,8 @@ async def test_the_mcp_server_end_to_end_over_stdio(
         assert listed == {"run_python", "list_callable_tools", "read_output"}
 
         listing = text_of(await client.call_tool("list_callable_tools", {}))
-        assert 'call_tool("get-sum", {a: number, b: number}) - Returns the sum' in listing
-        assert "stats(values: array) - Sum and mean" in listing
+        assert "call_tool('get-sum', {a: float, b: float}): Returns the sum" in listing
+        assert "stats(values: list[float]): Sum and mean" in listing
         assert "delete-everything" in listing.splitlines()[-1]  # listed as not callable
 
         # A loop over upstream tools, reduced in the program.

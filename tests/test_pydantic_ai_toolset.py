@@ -93,7 +93,7 @@ async def test_a_scripted_agent_acts_on_a_failure_then_calls_a_binding() -> None
     assert result.output == "thousands: 2620"
     assert cities.calls == 2
     # Live at every step: listed while callable, gone from the description once withdrawn.
-    assert "- population(city?: string) - People living there" in descriptions[0]
+    assert "- population(city: str = None): People living there" in descriptions[0]
     assert "population" not in descriptions[-1]
     assert returns_ok(result.all_messages()) == [False, True]
 
