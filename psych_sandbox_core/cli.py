@@ -75,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print exactly one JSON object")
     profiles = commands.add_parser("profiles", help="list the configured profiles")
     profiles.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    for command in (run, doctor, profiles):
+    serve = commands.add_parser(
+        "serve", help="serve a profile as a remote sandbox service (psych-sandbox-remote)"
+    )
+    serve.add_argument("--profile", required=True, help="the profile to serve")
+    serve.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on")
+    for command in (run, doctor, profiles, serve):
         command.add_argument(
             "--config",
             default=None,
@@ -352,7 +357,27 @@ def _command_profiles(args: argparse.Namespace) -> int:
     return command_profiles(args.config, args.json)
 
 
-_COMMANDS = {"run": _command_run, "doctor": _command_doctor, "profiles": _command_profiles}
+def _command_serve(args: argparse.Namespace) -> int:
+    # The service is its own distribution: the core only hands the command over.
+    try:
+        from psych_sandbox_remote.serve import main as serve
+    except ImportError:
+        print(
+            "psych-sandbox: serve needs the remote backend; install it with: "
+            "pip install psych-sandbox-remote",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    result: int = serve(args.profile, args.listen, args.config)
+    return result
+
+
+_COMMANDS = {
+    "run": _command_run,
+    "doctor": _command_doctor,
+    "profiles": _command_profiles,
+    "serve": _command_serve,
+}
 
 
 if __name__ == "__main__":
