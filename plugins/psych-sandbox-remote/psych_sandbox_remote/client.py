@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import ssl
 from collections.abc import AsyncIterator, Generator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 
 import anyio
 import httpx
@@ -82,8 +84,16 @@ class _Bearer(httpx.Auth):
         yield request
 
 
+@lru_cache(maxsize=1)
+def _tls_context() -> ssl.SSLContext:
+    """The system's trust store, loaded once: loading it costs more than a loopback
+    execution's round trip."""
+    return ssl.create_default_context()
+
+
 def http_client(endpoint: Endpoint, options: RemoteOptions) -> httpx.AsyncClient:
     return httpx.AsyncClient(
+        verify=_tls_context(),
         base_url=endpoint.url.rstrip("/"),
         auth=_Bearer(options.token_env),
         # Nothing from this process's environment: no proxy, no .netrc credentials.

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteStream, SocketStream
+from anyio.abc import ByteReceiveStream, ByteStream
 from anyio.streams.memory import MemoryObjectSendStream
 from psych_sandbox_core.backend import Backend, BackendUnavailable, Launched, LaunchRequest
 from psych_sandbox_core.grading import Level
@@ -221,18 +221,21 @@ class _Execution:
             accepted = await launched.channel.accept()
         if accepted is not None:
             self._channel = (
-                await SocketStream.from_socket(accepted)
-                if isinstance(accepted, socket.socket) else accepted
+                _SocketChannel(accepted) if isinstance(accepted, socket.socket) else accepted
             )
         self._accepted.set()
         channel = self._channel
-        if channel is not None:
-            try:
-                while True:
-                    data = await channel.receive(RELAY_CHUNK_BYTES)
-                    await self._emit.send(data_event("channel", self.id, data))
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
+        try:
+            while channel is not None:
+                data = await channel.receive(RELAY_CHUNK_BYTES)
+                await self._emit.send(data_event("channel", self.id, data))
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        finally:
+            if channel is not None:
+                with anyio.CancelScope(shield=True):
+                    # An accepted stream is ours to close (a socket stays the backend's).
+                    await channel.aclose()
         await self._emit.send(encode_event(Ended(type="channel_end", execution=self.id)))
 
     async def _watch_exit(self, launched: Launched) -> None:
@@ -269,9 +272,46 @@ class _Execution:
         await self._done.wait()
         return self.status
 
-    async def close_channel(self) -> None:
-        if self._channel is not None:
-            await self._channel.aclose()
+
+
+class _SocketChannel(ByteStream):
+    """A backend's channel socket, read and written in place: the backend owns and closes
+    the socket (no transport of the event loop may adopt its descriptor)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while True:
+            try:
+                data = self._sock.recv(max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._sock)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    async def send(self, item: bytes) -> None:
+        view = memoryview(item)
+        while view:
+            try:
+                sent = self._sock.send(view)
+            except BlockingIOError:
+                await anyio.wait_writable(self._sock)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            view = view[sent:]
+
+    async def send_eof(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass  # the backend's to close
 
 
 class Service:
