@@ -65,16 +65,17 @@ class RemoteBackend(Backend):
                 + "); nothing was sent"
             )
         execution = RemoteExecution(endpoint, self.options, request)
-        refusal = refusal_for(description, request)
-        if refusal is not None:
-            execution.refuse(*refusal)
-            yield execution
-            return
-        async with execution.running():
-            if execution.failure is not None and execution.failure[0] is not ErrorKind.REMOTE_ERROR:
-                # Nothing reached a service that answers: the next execution goes elsewhere.
-                endpoint.down_until = time.monotonic() + self.options.stall_seconds
-            yield execution
+        try:
+            refusal = refusal_for(description, request)
+            if refusal is not None:
+                execution.refuse(*refusal)
+                yield execution
+                return
+            async with execution.running():
+                yield execution
+        finally:
+            with anyio.CancelScope(shield=True):
+                await execution.close()
         if execution.failure is not None and execution.failure[0] in (
             ErrorKind.REMOTE_DISCONNECTED,
             ErrorKind.REMOTE_TIMEOUT,

@@ -398,6 +398,13 @@ class RemoteExecution(Launched):
         for send in (self._stdout_send, self._stderr_send, self._channel_send):
             send.close()
 
+    async def close(self) -> None:
+        """Both ends of every relay: nothing of this execution is held past its launch."""
+        self._close_pipes()
+        await self.stdout.aclose()
+        await self.stderr.aclose()
+        await self.channel.aclose()
+
     # ---------------------------------------------------------------- requests
 
     async def _post(self, path: str, body: bytes, timeout: float) -> httpx.Response | None:
