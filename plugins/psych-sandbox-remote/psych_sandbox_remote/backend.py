@@ -61,7 +61,8 @@ class RemoteBackend(Backend):
         endpoint, description, problems = await self._choose()
         if endpoint is None or description is None:
             raise BackendUnavailable(
-                "no remote sandbox service answered with its description (" + "; ".join(problems)
+                "no remote sandbox service answered with its description ("
+                + "; ".join(problems)
                 + "); nothing was sent"
             )
         execution = RemoteExecution(endpoint, self.options, request)

@@ -294,7 +294,9 @@ class RemoteExecution(Launched):
         assert self._client is not None
         start = StartRequest(protocol=REMOTE_PROTOCOL_VERSION, limits=self.request.limits)
         async with self._client.stream(
-            "POST", "/v1/executions", content=start.model_dump_json(),
+            "POST",
+            "/v1/executions",
+            content=start.model_dump_json(),
             headers={"Content-Type": "application/json"},
             timeout=httpx.Timeout(self.options.stall_seconds, connect=self.options.connect_seconds),
         ) as response:
@@ -414,7 +416,8 @@ class RemoteExecution(Launched):
             return None
         try:
             response = await self._client.post(
-                f"/v1/executions/{self.execution_id}/{path}", content=body,
+                f"/v1/executions/{self.execution_id}/{path}",
+                content=body,
                 timeout=httpx.Timeout(timeout, connect=self.options.connect_seconds),
             )
         except MissingCredential as exc:
@@ -483,8 +486,9 @@ class RemoteExecution(Launched):
         if status is None:
             if hint is None:
                 hint = (ErrorKind.REMOTE_DISCONNECTED, "the service never reported how it ended")
-            return ExitStatus(code=None, signal=None, cpu_seconds=None, peak_memory_bytes=None,
-                              failure_hint=hint)
+            return ExitStatus(
+                code=None, signal=None, cpu_seconds=None, peak_memory_bytes=None, failure_hint=hint
+            )
         return ExitStatus(
             code=status.code,
             signal=status.signal,

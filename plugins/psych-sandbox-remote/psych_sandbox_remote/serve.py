@@ -94,7 +94,9 @@ def _is_loopback(host: str) -> bool:
 
 
 async def prepare(
-    profile_name: str, config: DeploymentConfig, settings: ServeSettings,
+    profile_name: str,
+    config: DeploymentConfig,
+    settings: ServeSettings,
     registry: BackendRegistry | None = None,
 ) -> Service:
     """The service for one profile, its level established by a trial execution."""
@@ -130,8 +132,10 @@ async def prepare(
         settings.tenants,
         parse_tokens(os.environ.get(TOKENS_ENV, "")),
     )
-    label = profile.backend if registered.version is None else (
-        f"{profile.backend} {registered.version}"
+    label = (
+        profile.backend
+        if registered.version is None
+        else (f"{profile.backend} {registered.version}")
     )
     served = ServedProfile(
         name=profile_name,
@@ -152,9 +156,7 @@ def main(profile: str, listen: str, config_path: str | None) -> int:
     try:
         host, port = parse_listen(listen)
         config, settings = load(config_path)
-        if settings.tls_certfile is None and not (
-            _is_loopback(host) or settings.trusted_plaintext
-        ):
+        if settings.tls_certfile is None and not (_is_loopback(host) or settings.trusted_plaintext):
             raise ConfigurationError(
                 f"listening on {host} without TLS would take tokens in plaintext from the "
                 "network: set [serve] tls_certfile and tls_keyfile, or trusted_plaintext = true "

@@ -12,6 +12,7 @@ anything starts), and whether it has room (refused, never queued without bound).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import socket
@@ -51,6 +52,8 @@ from .wire import (
     encode_event,
     unmet_limits,
 )
+
+_log = logging.getLogger("psych_sandbox_remote.service")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -129,6 +132,13 @@ class _Execution:
         self.status: Status | None = None
 
     async def run(self, backend: Backend) -> None:
+        try:
+            await self._run(backend)
+        finally:
+            # A finish request waiting must not wait for ever, whatever went wrong.
+            self._done.set()
+
+    async def _run(self, backend: Backend) -> None:
         status: ExitStatus | None = None
         failure: str | None = None
         async with ProbeHarness().active() as harness:
@@ -139,10 +149,16 @@ class _Execution:
             try:
                 async with backend.launch(request) as launched:
                     self._launched = launched
-                    await self._emit.send(encode_event(Started(
-                        type="started", execution=self.id, mechanisms=launched.mechanisms,
-                        host_uid=os.getuid(),
-                    )))
+                    await self._emit.send(
+                        encode_event(
+                            Started(
+                                type="started",
+                                execution=self.id,
+                                mechanisms=launched.mechanisms,
+                                host_uid=os.getuid(),
+                            )
+                        )
+                    )
                     status = await self._relay(launched)
             except BackendUnavailable as exc:
                 failure = str(exc)[:MAX_MESSAGE_CHARS]
@@ -150,16 +166,20 @@ class _Execution:
                 self._launched = None
             connections = harness.connections
         if failure is not None:
-            await self._emit.send(encode_event(Failed(
-                type="failed", execution=self.id, message=failure
-            )))
+            await self._emit.send(
+                encode_event(Failed(type="failed", execution=self.id, message=failure))
+            )
             # A client waiting to finish learns how it ended: it never started.
             status = ExitStatus(code=None, signal=None, cpu_seconds=None, peak_memory_bytes=None)
         assert status is not None
         hint = status.failure_hint
         self.status = Status(
-            type="status", execution=self.id, code=status.code, signal=status.signal,
-            cpu_seconds=status.cpu_seconds, peak_memory_bytes=status.peak_memory_bytes,
+            type="status",
+            execution=self.id,
+            code=status.code,
+            signal=status.signal,
+            cpu_seconds=status.cpu_seconds,
+            peak_memory_bytes=status.peak_memory_bytes,
             hint_kind=None if hint is None else hint[0].value,
             hint_message=None if hint is None else hint[1][:MAX_MESSAGE_CHARS],
             connections=connections,
@@ -186,9 +206,7 @@ class _Execution:
                     tg.cancel_scope.cancel()
         return status
 
-    async def _relay_output(
-        self, stream: ByteReceiveStream, kind: Any, end: anyio.Event
-    ) -> None:
+    async def _relay_output(self, stream: ByteReceiveStream, kind: Any, end: anyio.Event) -> None:
         """Relay a stream's head whole and then only its tail: the client keeps no more than
         the cap of each (its head and tail halves), so the rest need not cross the wire."""
         cap = self.limits.stdout_bytes if kind == "stdout" else self.limits.stderr_bytes
@@ -239,7 +257,11 @@ class _Execution:
         await self._emit.send(encode_event(Ended(type="channel_end", execution=self.id)))
 
     async def _watch_exit(self, launched: Launched) -> None:
-        await launched.wait_exited()
+        try:
+            await launched.wait_exited()
+        except OSError:
+            # Reaped by a finish request meanwhile: the status says how it ended.
+            return
         await self._emit.send(encode_event(Ended(type="exited", execution=self.id)))
 
     async def _heartbeat(self) -> None:
@@ -268,10 +290,11 @@ class _Execution:
             await launched.terminate(min(grace_seconds, self.limits.grace_seconds))
 
     async def finish(self) -> Status | None:
+        """How the child ended, once everything of it is torn down; None if the execution
+        failed on this side (the client reports its stream's ending)."""
         self._finish_requested.set()
         await self._done.wait()
         return self.status
-
 
 
 class _SocketChannel(ByteStream):
@@ -376,7 +399,9 @@ class Service:
             return
         if start.protocol != REMOTE_PROTOCOL_VERSION:
             await _error(
-                send, 400, "protocol",
+                send,
+                400,
+                "protocol",
                 f"this service speaks remote protocol {REMOTE_PROTOCOL_VERSION}",
             )
             return
@@ -391,7 +416,9 @@ class Service:
         if self.load.in_flight >= self.load.capacity:
             self.load.refuse("full")
             await _error(
-                send, 503, "full",
+                send,
+                503,
+                "full",
                 f"this server runs at most {self.load.capacity} executions at once",
                 headers=[(b"retry-after", b"1")],
             )
@@ -402,10 +429,16 @@ class Service:
         execution = _Execution(tenant.name, start.limits, emit)
         self._executions[execution.id] = execution
         try:
-            await send({
-                "type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", NDJSON.encode()), (b"cache-control", b"no-store")],
-            })
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", NDJSON.encode()),
+                        (b"cache-control", b"no-store"),
+                    ],
+                }
+            )
             async with anyio.create_task_group() as tg:
 
                 async def disconnected() -> None:
@@ -416,7 +449,16 @@ class Service:
 
                 async def produce() -> None:
                     async with emit:
-                        await execution.run(self.profile.backend)
+                        try:
+                            await execution.run(self.profile.backend)
+                        except Exception as exc:
+                            # Our failure, not the client's: said here, and the client sees
+                            # its stream end without an end event (remote_disconnected).
+                            _log.exception(
+                                "execution %s failed on this side: %s",
+                                execution.id,
+                                type(exc).__name__,
+                            )
 
                 tg.start_soon(disconnected)
                 tg.start_soon(produce)
@@ -454,7 +496,7 @@ class Service:
             try:
                 grace = float(json.loads(body).get("grace_seconds", 0.0))
             except (ValueError, AttributeError, TypeError):
-                await _error(send, 400, "bad_request", "terminate takes {\"grace_seconds\": N}")
+                await _error(send, 400, "bad_request", 'terminate takes {"grace_seconds": N}')
                 return
             if not 0 <= grace <= 60:
                 await _error(send, 400, "bad_request", "grace_seconds must be within 0..60")
@@ -463,7 +505,9 @@ class Service:
             await _respond(send, 204, b"", None)
         elif action == "finish":
             status = await execution.finish()
-            assert status is not None
+            if status is None:
+                await _error(send, 410, "not_found", "the execution ended without a status")
+                return
             await _respond(send, 200, status.model_dump_json().encode(), b"application/json")
         else:
             await _error(send, 404, "not_found", "no such action")
@@ -491,7 +535,10 @@ async def _body(receive: Receive, limit: int) -> bytes | None:
 
 
 async def _respond(
-    send: Send, status: int, body: bytes, content_type: bytes | None,
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes | None,
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     all_headers = list(headers or [])
@@ -506,7 +553,10 @@ async def _json(send: Send, status: int, data: object) -> None:
 
 
 async def _error(
-    send: Send, status: int, code: Any, message: str,
+    send: Send,
+    status: int,
+    code: Any,
+    message: str,
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     body = ErrorBody(error=code, message=message).model_dump_json().encode()

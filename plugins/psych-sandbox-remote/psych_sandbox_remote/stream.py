@@ -71,8 +71,8 @@ class LineSplitter:
                 break
             if len(self._partial) + index - start > ceilings.line_bytes:
                 raise self._too_long()
-            line = bytes(self._partial) + chunk[start:index] if self._partial else (
-                chunk[start:index]
+            line = (
+                bytes(self._partial) + chunk[start:index] if self._partial else (chunk[start:index])
             )
             self._partial.clear()
             start = index + 1

@@ -117,9 +117,9 @@ def build_tenants(
     return Tenants(tokens, tenants)
 
 
-def narrowed(caps: ExecutionLimits, policy: dict[str, int | float | None], tenant: str) -> (
-    ExecutionLimits
-):
+def narrowed(
+    caps: ExecutionLimits, policy: dict[str, int | float | None], tenant: str
+) -> ExecutionLimits:
     """The caps, each lowered to the tenant's where the tenant's is lower; never raised."""
     values = caps.model_dump()
     for name, value in policy.items():
@@ -133,4 +133,3 @@ def narrowed(caps: ExecutionLimits, policy: dict[str, int | float | None], tenan
         return ExecutionLimits.model_validate(values, strict=False)
     except ValueError as exc:
         raise ConfigurationError(f"tenant {tenant!r}: invalid limits: {exc}") from None
-

@@ -179,9 +179,7 @@ def encode_event(event: Started | Data | Ended | Status | Failed | End) -> bytes
 def data_event(kind: Literal["channel", "stdout", "stderr"], execution: str, data: bytes) -> bytes:
     """One relayed chunk, encoded without a model round trip (the hot path)."""
     encoded = base64.b64encode(data).decode("ascii")
-    return (
-        f'{{"type":"{kind}","execution":"{execution}","data":"{encoded}"}}\n'.encode("ascii")
-    )
+    return f'{{"type":"{kind}","execution":"{execution}","data":"{encoded}"}}\n'.encode("ascii")
 
 
 def decode_data(event: Data) -> bytes:

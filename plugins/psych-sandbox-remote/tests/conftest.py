@@ -16,7 +16,8 @@ from remote_support import skip_unless_required
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "psych_missing(requirement, reason): cannot run here (skip, or fail when "
+        "markers",
+        "psych_missing(requirement, reason): cannot run here (skip, or fail when "
         "PSYCH_SANDBOX_REQUIRE_BACKENDS names the requirement)",
     )
 

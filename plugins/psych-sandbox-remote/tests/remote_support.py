@@ -24,6 +24,7 @@ from psych_sandbox_core.grading import Level
 from psych_sandbox_core.protocol import PROTOCOL_VERSION
 from psych_sandbox_core.result import ExecutionResult
 from psych_sandbox_core.testing.requirements import skip_unless_required  # noqa: F401
+
 from psych_sandbox_remote.wire import REMOTE_PROTOCOL_VERSION, Description
 
 PROFILE = "far"
@@ -99,9 +100,21 @@ def serving(
     env.pop(TOKEN_ENV, None)
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "psych_sandbox_core.cli", "serve", "--profile", "sandbox",
-             "--listen", "127.0.0.1:0", "--config", str(config)],
-            stdout=out, stderr=err, env=env,
+            [
+                sys.executable,
+                "-m",
+                "psych_sandbox_core.cli",
+                "serve",
+                "--profile",
+                "sandbox",
+                "--listen",
+                "127.0.0.1:0",
+                "--config",
+                str(config),
+            ],
+            stdout=out,
+            stderr=err,
+            env=env,
         )
     served = Served(process, "", stdout, stderr)
     try:
@@ -129,7 +142,10 @@ def _wait_listening(served: Served) -> str:
 
 
 def client_config(
-    urls: str | list[str], *, token_env: str | None = TOKEN_ENV, options: dict[str, Any] | None = None,
+    urls: str | list[str],
+    *,
+    token_env: str | None = TOKEN_ENV,
+    options: dict[str, Any] | None = None,
     **limits: Any,
 ) -> DeploymentConfig:
     return DeploymentConfig(
@@ -230,6 +246,7 @@ async def hostile_service(hostile: Hostile) -> AsyncIterator[Hostile]:
                         b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
                         b"connection: close\r\n\r\n"
                     )
+
                     async def send(data: bytes) -> None:
                         await stream.send(data)
                         hostile.written += len(data)

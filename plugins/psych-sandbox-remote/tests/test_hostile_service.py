@@ -39,8 +39,11 @@ def _token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def against(
-    stream: Callable[[Send], Awaitable[None]], *, options: dict[str, Any] | None = None,
-    hostile: Hostile | None = None, **limits: Any,
+    stream: Callable[[Send], Awaitable[None]],
+    *,
+    options: dict[str, Any] | None = None,
+    hostile: Hostile | None = None,
+    **limits: Any,
 ) -> tuple[ExecutionResult, Hostile]:
     hostile = hostile or Hostile(stream)
     async with hostile_service(hostile) as service:
@@ -83,8 +86,13 @@ async def test_a_line_that_never_ends_is_cut_off_while_it_arrives() -> None:
 async def test_an_oversized_event_is_refused() -> None:
     async def oversized(send: Send) -> None:
         await send(started())
-        await send(b'{"type":"heartbeat","execution":"' + b"a" * 32 + b'","x":"'
-                   + b"B" * (200 * 1024) + b'"}\n')
+        await send(
+            b'{"type":"heartbeat","execution":"'
+            + b"a" * 32
+            + b'","x":"'
+            + b"B" * (200 * 1024)
+            + b'"}\n'
+        )
         await anyio.sleep_forever()
 
     result, hostile = await against(oversized)
@@ -147,18 +155,24 @@ async def test_a_byte_a_second_drip_is_ended_by_the_wall_clock() -> None:
 
 
 async def test_an_event_for_another_execution_is_refused() -> None:
-    result_frame = json.dumps(
-        {"type": "result", "outcome": "returned", "value_json": "42"}
-    ).encode() + b"\n"
+    result_frame = (
+        json.dumps({"type": "result", "outcome": "returned", "value_json": "42"}).encode() + b"\n"
+    )
 
     async def other(send: Send) -> None:
         import base64
 
         await send(started("a" * 32))
-        await send(json.dumps({
-            "type": "channel", "execution": "b" * 32,
-            "data": base64.b64encode(result_frame).decode(),
-        }).encode() + b"\n")
+        await send(
+            json.dumps(
+                {
+                    "type": "channel",
+                    "execution": "b" * 32,
+                    "data": base64.b64encode(result_frame).decode(),
+                }
+            ).encode()
+            + b"\n"
+        )
         await anyio.sleep_forever()
 
     result, hostile = await against(other)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 import pytest
+
 from psych_sandbox_remote.stream import (
     LINES_BETWEEN_CHECKPOINTS,
     LineSplitter,
