@@ -15,7 +15,7 @@ import math
 import os
 import ssl
 from collections.abc import AsyncIterator, Generator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -220,7 +220,9 @@ class RemoteExecution(Launched):
         self.failure: tuple[ErrorKind, str] | None = None
         self.started = anyio.Event()
         self.exited = anyio.Event()
+        #: The reader has finished (the stream ended, or failed).
         self.ended = anyio.Event()
+        self._end_seen = False
         self._stdout_send, self.stdout = _pipe()
         self._stderr_send, self.stderr = _pipe()
         self._channel_send, channel_pipe = _pipe()
@@ -287,7 +289,7 @@ class RemoteExecution(Launched):
                 self.started.set()
                 self.exited.set()
                 self.ended.set()
-        if scope.cancelled_caught and not self.ended.is_set():
+        if scope.cancelled_caught and not self._end_seen:
             self._fail(ErrorKind.REMOTE_DISCONNECTED, "the stream was closed by this client")
 
     async def _stream(self) -> None:
@@ -306,19 +308,24 @@ class RemoteExecution(Launched):
             if response.headers.get("content-type", "").split(";")[0].strip() != NDJSON:
                 raise ValueError("the service's stream is not NDJSON")
             splitter = LineSplitter(self.options.ceilings)
-            async for line in lines_of(
+            lines = lines_of(
                 response.aiter_raw(), splitter, stall_seconds=self.options.stall_seconds
-            ):
-                if self._on_event(line):
-                    return
-            self._fail(
-                ErrorKind.REMOTE_DISCONNECTED,
-                "the service closed the stream before the execution ended",
             )
+            # Read to the stream's own end (the service closes it after its end event), so
+            # nothing of the HTTP stack is left half-read.
+            async with aclosing(lines):
+                async for line in lines:
+                    self._on_event(line)
+            if not self._end_seen:
+                self._fail(
+                    ErrorKind.REMOTE_DISCONNECTED,
+                    "the service closed the stream before the execution ended",
+                )
 
-    def _on_event(self, line: bytes) -> bool:
-        """Handle one event; True at the end of the stream."""
+    def _on_event(self, line: bytes) -> None:
         event = EVENT.validate_json(line)
+        if self._end_seen:
+            raise ValueError(f"a {event.type!r} event after the end of the execution")
         if self.execution_id is None:
             if not isinstance(event, Started):
                 raise ValueError(f"the stream began with a {event.type!r} event, not 'started'")
@@ -326,7 +333,7 @@ class RemoteExecution(Launched):
             self.host_uid = event.host_uid
             self.mechanisms = event.mechanisms
             self.started.set()
-            return False
+            return
         if event.execution != self.execution_id:
             raise ValueError(
                 "the service sent an event for another execution than the one it started"
@@ -360,9 +367,7 @@ class RemoteExecution(Launched):
         elif isinstance(event, Status):
             raise ValueError("a status event in the stream (it answers a finish request)")
         else:
-            self.ended.set()
-            return True
-        return False
+            self._end_seen = True
 
     def _judge_identity(self, data: bytes) -> None:
         """The child's identity is judged against the uid of the service, which may differ

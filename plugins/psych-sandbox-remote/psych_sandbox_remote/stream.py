@@ -12,7 +12,7 @@ of tiny lines must not disable the wall-clock timeout that is to end it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 import anyio
@@ -115,7 +115,7 @@ class LineSplitter:
 
 async def lines_of(
     chunks: AsyncIterator[bytes], splitter: LineSplitter, *, stall_seconds: float
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The complete lines of a byte stream, yielding to the event loop every
     LINES_BETWEEN_CHECKPOINTS lines whatever the chunks hold. TimeoutError when no byte
     arrives for ``stall_seconds`` (a byte-a-second drip is held to the whole stream's
