@@ -98,6 +98,9 @@ def serving(
         "PSYCH_SANDBOX_SERVE_TOKENS": ",".join(f"{t}={v}" for t, v in tokens.items()),
     }
     env.pop(TOKEN_ENV, None)
+    # Its own temporary directory: what a killed service leaves is found there.
+    env["TMPDIR"] = str(tmp / f"{name}-tmp")
+    os.makedirs(env["TMPDIR"], mode=0o755, exist_ok=True)
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         process = subprocess.Popen(
             [
