@@ -84,12 +84,16 @@ def serving(
     serve_table: str = "",
     profile_table: str = "",
     name: str = "serve",
+    config_text: str | None = None,
 ) -> Iterator[Served]:
-    """A real ``psych-sandbox serve`` on a free loopback port, stopped afterwards."""
+    """A real ``psych-sandbox serve`` of the profile ``sandbox`` on a free loopback port,
+    stopped afterwards."""
     tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / f"{name}.toml"
     config.write_text(
-        SERVE_CONFIG.format(profile="sandbox", serve=profile_table)
+        config_text
+        if config_text is not None
+        else SERVE_CONFIG.format(profile="sandbox", serve=profile_table)
         + ("\n[serve]\n" + serve_table if serve_table else "")
     )
     stdout, stderr = tmp / f"{name}.out", tmp / f"{name}.err"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes_validate import validate
+
 from psych_sandbox_remote.serve import load
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
@@ -37,7 +38,12 @@ def test_every_manifest_is_a_valid_kubernetes_object(path: Path) -> None:
 def test_the_manifests_say_what_the_deployment_needs(tmp_path: Path) -> None:
     kinds = objects()
     assert set(kinds) >= {
-        "Deployment", "Service", "NetworkPolicy", "RuntimeClass", "Secret", "ConfigMap",
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+        "RuntimeClass",
+        "Secret",
+        "ConfigMap",
         "HorizontalPodAutoscaler",
     }
     runtime = kinds["RuntimeClass"]
