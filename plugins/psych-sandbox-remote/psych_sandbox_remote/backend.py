@@ -51,6 +51,8 @@ class RemoteBackend(Backend):
         self._next = 0
 
     def unavailable_reason(self) -> str | None:
+        if not self._endpoints:
+            return "no service is configured (set the profile's url option)"
         name = self.options.token_env
         if name is not None and not os.environ.get(name):
             return f"the environment variable {name} (the service's token) is not set"
@@ -88,6 +90,8 @@ class RemoteBackend(Backend):
         """The next endpoint, in turn, whose description can be read; endpoints that failed
         lately are tried last."""
         count = len(self._endpoints)
+        if not count:
+            return None, None, ["no service is configured"]
         start, self._next = self._next, (self._next + 1) % count
         order = [self._endpoints[(start + i) % count] for i in range(count)]
         now = time.monotonic()

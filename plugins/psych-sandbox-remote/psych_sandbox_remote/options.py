@@ -18,8 +18,9 @@ class RemoteOptions(BackendOptions):
     """``backend = "remote"``: where the service is and how to reach it."""
 
     #: One service URL, or several (executions are spread over them; one that stops
-    #: answering is left out until its description can be read again).
-    url: str | list[str]
+    #: answering is tried last for a while). None configured: the backend is installed but
+    #: unavailable (the default profile passes it by).
+    url: str | list[str] = Field(default_factory=list)
     #: The name of the environment variable holding this client's token. Read at each
     #: request; never the token itself in configuration.
     token_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")] | None = None
@@ -54,8 +55,6 @@ class RemoteOptions(BackendOptions):
     @classmethod
     def _urls(cls, url: str | list[str]) -> str | list[str]:
         urls = [url] if isinstance(url, str) else url
-        if not urls:
-            raise ValueError("names no service")
         if len(urls) > 256:
             raise ValueError("names more than 256 services")
         for each in urls:
