@@ -27,7 +27,9 @@ from psych_sandbox_core.backend import Backend, BackendUnavailable, Launched, La
 from psych_sandbox_core.grading import Level
 from psych_sandbox_core.host import HANDSHAKE_SECONDS, ProbeHarness, bootstrap_source
 from psych_sandbox_core.process import ExitStatus
-from psych_sandbox_core.protocol import PROTOCOL_VERSION
+from psych_sandbox_core.protocol import PROTOCOL_VERSION, AbortFrame, RunFrame
+from psych_sandbox_core.protocol.codec import decode_host_frame
+from psych_sandbox_core.protocol.limits import MAX_HOST_FRAME_BYTES
 from psych_sandbox_core.terms import ExecutionLimits
 from pydantic import ValidationError
 
@@ -64,6 +66,10 @@ Send = Callable[[Message], Awaitable[None]]
 EVENT_BUFFER = 64
 #: After the child was finished, how long its streams may take to reach their ends.
 DRAIN_SECONDS = 2.0
+#: Beyond the execution's own wall clock (which covers its handshake) and grace: the
+#: service ends a child whose client never finishes it (the client's clock is the client's,
+#: and a client can be hostile; this one is ours).
+OVERDUE_SLACK_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,8 @@ class _Execution:
         self._accepted = anyio.Event()
         self._channel_lock = anyio.Lock()
         self._finish_requested = anyio.Event()
+        #: The host's first frame, until it is whole and checked.
+        self._first_frame: bytearray | None = bytearray()
         self._done = anyio.Event()
         self.status: Status | None = None
 
@@ -195,16 +203,27 @@ class _Execution:
             tg.start_soon(self._relay_channel, launched)
             tg.start_soon(self._watch_exit, launched)
             tg.start_soon(self._heartbeat)
+            overdue = False
             try:
-                await self._finish_requested.wait()
+                with anyio.move_on_after(self._deadline_seconds()) as clock:
+                    await self._finish_requested.wait()
+                overdue = clock.cancelled_caught
             finally:
                 with anyio.CancelScope(shield=True):
+                    if overdue:
+                        await launched.terminate(self.limits.grace_seconds)
                     status = await launched.finish()
                     with anyio.move_on_after(DRAIN_SECONDS):
                         for end in ends:
                             await end.wait()
                     tg.cancel_scope.cancel()
         return status
+
+    def _deadline_seconds(self) -> float:
+        limits = self.limits
+        return (
+            HANDSHAKE_SECONDS + limits.wall_seconds + limits.grace_seconds + OVERDUE_SLACK_SECONDS
+        )
 
     async def _relay_output(self, stream: ByteReceiveStream, kind: Any, end: anyio.Event) -> None:
         """Relay a stream's head whole and then only its tail: the client keeps no more than
@@ -272,17 +291,33 @@ class _Execution:
 
     # ---------------------------------------------------------------- control requests
 
-    async def write_channel(self, data: bytes) -> bool:
+    async def write_channel(self, data: bytes) -> str | None:
+        """Pass the host's bytes to the child; why not, if they were refused."""
         with anyio.move_on_after(HANDSHAKE_SECONDS):
             await self._accepted.wait()
         async with self._channel_lock:
             if self._channel is None or self._done.is_set():
-                return False
+                return "the execution has ended"
+            if self._first_frame is not None:
+                # Held until the first frame is whole: the run frame's limits are checked
+                # against this execution's terms before the child sees any of it.
+                self._first_frame += data
+                end = self._first_frame.find(b"\n")
+                if end < 0:
+                    if len(self._first_frame) > MAX_HOST_FRAME_BYTES:
+                        self._finish_requested.set()
+                        return "the first frame is longer than any host frame"
+                    return None
+                data, self._first_frame = bytes(self._first_frame), None
+                problem = _first_frame_problem(data[:end], self.limits)
+                if problem is not None:
+                    self._finish_requested.set()
+                    return problem
             try:
                 await self._channel.send(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                return False
-        return True
+                return "the child's channel is closed"
+        return None
 
     async def terminate(self, grace_seconds: float) -> None:
         launched = self._launched
@@ -490,8 +525,11 @@ class Service:
             await _error(send, 413, "bad_request", "the request body is too large")
             return
         if action == "channel":
-            written = await execution.write_channel(body)
-            await _respond(send, 204 if written else 410, b"", None)
+            problem = await execution.write_channel(body)
+            if problem is None:
+                await _respond(send, 204, b"", None)
+            else:
+                await _error(send, 409, "terms", problem)
         elif action == "terminate":
             try:
                 grace = float(json.loads(body).get("grace_seconds", 0.0))
@@ -511,6 +549,33 @@ class Service:
             await _respond(send, 200, status.model_dump_json().encode(), b"application/json")
         else:
             await _error(send, 404, "not_found", "no such action")
+
+
+def _first_frame_problem(line: bytes, limits: ExecutionLimits) -> str | None:
+    """Why the host's first frame may not reach the child: it must be a run frame whose
+    limits (which the child applies to itself) are within this execution's terms, or an
+    abort."""
+    try:
+        frame = decode_host_frame(line)
+    except Exception:
+        return "the first frame is not a valid host frame"
+    if isinstance(frame, AbortFrame):
+        return None
+    if not isinstance(frame, RunFrame):
+        return f"the first frame is a {frame.type!r} frame, not a run frame"
+    asked = frame.limits
+    terms = {
+        "cpu_seconds": limits.cpu_seconds,
+        "memory_bytes": limits.memory_bytes,
+        "file_size_bytes": limits.file_size_bytes,
+        "processes": limits.processes,
+        "return_value_bytes": limits.return_value_bytes,
+    }
+    for name, cap in terms.items():
+        value = getattr(asked, name)
+        if cap is not None and (value is None or value > cap):
+            return f"the run frame asks for {name}={value}, beyond this execution's {cap}"
+    return None
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

@@ -68,19 +68,24 @@ def start_body(**limits: Any) -> str:
 async def raw_start(
     client: httpx.AsyncClient, token: str, **limits: Any
 ) -> AsyncIterator[tuple[httpx.Response, str | None]]:
-    """A start request by hand; the execution's id once its first event arrived."""
+    """A start request by hand; the execution's id once its first event arrived. The rest
+    of the stream's lines are ``LINES[response]``."""
     async with client.stream(
         "POST", "/v1/executions", content=start_body(**limits), headers=auth(token)
     ) as response:
         execution = None
         if response.status_code == 200:
             lines = response.aiter_lines()
+            LINES[id(response)] = lines
             first = json.loads(await lines.__anext__())
             assert first["type"] == "started"
             execution = first["execution"]
         else:
             await response.aread()
         yield response, execution
+
+
+LINES: dict[int, AsyncIterator[str]] = {}
 
 
 async def metrics(client: httpx.AsyncClient) -> dict[str, float]:
@@ -242,3 +247,49 @@ async def test_plaintext_credentials_only_on_loopback_or_when_trusted(tmp_path: 
         registry.create("remote", fine)
     with pytest.raises(ConfigurationError, match="user or password"):
         registry.create("remote", {"url": "https://me:secret@sandbox.example"})
+
+
+async def test_a_run_frame_beyond_the_terms_never_reaches_the_child(served: Served) -> None:
+    from psych_sandbox_core.protocol import ChildLimits, RunFrame
+    from psych_sandbox_core.protocol.codec import encode_host_frame
+
+    greedy = RunFrame(
+        source="print('never')",
+        tools=[],
+        limits=ChildLimits(
+            cpu_seconds=10_000,
+            memory_bytes=None,
+            file_size_bytes=None,
+            processes=None,
+            return_value_bytes=1024,
+        ),
+    )
+    async with (
+        httpx.AsyncClient(base_url=served.url) as client,
+        raw_start(client, ALICE) as (response, execution),
+    ):
+        assert execution is not None
+        refused = await client.post(
+            f"/v1/executions/{execution}/channel",
+            content=encode_host_frame(greedy),
+            headers=auth(ALICE),
+        )
+        assert refused.status_code == 409
+        assert "cpu_seconds=10000" in refused.json()["message"]
+        with anyio.fail_after(30):
+            events = [json.loads(line) async for line in LINES.pop(id(response))]
+    assert events[-1]["type"] == "end"
+    assert not any(e["type"] == "stdout" for e in events), "the program ran"
+
+
+async def test_a_client_that_never_finishes_is_ended_by_the_service(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        async with raw_start(client, ALICE, wall_seconds=1.0) as (response, execution):
+            assert execution is not None
+            with anyio.fail_after(60):
+                events = [json.loads(line) async for line in LINES.pop(id(response))]
+        assert events[-1]["type"] == "end"
+        assert (
+            await metrics(client)
+            and (await metrics(client))["psych_sandbox_executions_in_flight"] == 0
+        )
