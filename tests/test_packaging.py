@@ -58,6 +58,12 @@ SOURCES = [
         "psych_sandbox_docker",
         "README.md",
     ),
+    Source(
+        "psych-sandbox-remote",
+        ROOT / "plugins" / "psych-sandbox-remote",
+        "psych_sandbox_remote",
+        "README.md",
+    ),
 ]
 
 #: What every sdist carries whatever the project says: its build configuration, the metadata
@@ -291,6 +297,7 @@ def test_the_wheels_install_into_a_fresh_environment_and_run_a_program(
         ("bwrap", "psych-sandbox-bwrap", "0.1.0"),
         ("docker", "psych-sandbox-docker", "0.1.0"),
         ("gvisor", "psych-sandbox-docker", "0.1.0"),
+        ("remote", "psych-sandbox-remote", "0.1.0"),
         ("subprocess", "psych-sandbox-core", "0.1.0"),
     }
     assert _run([python, "-m", "psych_sandbox_core", "--version"], tmp_path, env) == version

@@ -153,12 +153,17 @@ class _Pipe(ByteReceiveStream):
 
     def __init__(self, receive: MemoryObjectReceiveStream[bytes]) -> None:
         self._receive = receive
+        #: What a relayed chunk held beyond what the last receive asked for.
+        self._rest = b""
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        try:
-            return await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise anyio.EndOfStream from None
+        if not self._rest:
+            try:
+                self._rest = await self._receive.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                raise anyio.EndOfStream from None
+        data, self._rest = self._rest[:max_bytes], self._rest[max_bytes:]
+        return data
 
     async def aclose(self) -> None:
         self._receive.close()
@@ -340,6 +345,8 @@ class RemoteExecution(Launched):
             )
         if isinstance(event, Data):
             data = decode_data(event)
+            if not data:
+                return  # nothing, and never an end of stream: that has events of its own
             if event.type == "channel":
                 if not self._hello_checked:
                     self._judge_identity(data)
