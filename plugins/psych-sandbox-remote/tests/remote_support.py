@@ -200,6 +200,8 @@ class Hostile:
     url: str = ""
     #: Bytes the stream managed to write before the client went away.
     written: int = 0
+    #: What the client wrote to the child's channel.
+    channel_bodies: list[bytes] = field(default_factory=list)
 
 
 async def _read_request(stream: anyio.abc.SocketStream) -> tuple[str, str, bytes]:
@@ -236,11 +238,13 @@ async def hostile_service(hostile: Hostile) -> AsyncIterator[Hostile]:
     async def handle(stream: anyio.abc.SocketStream) -> None:
         async with stream:
             try:
-                method, path, _ = await _read_request(stream)
+                method, path, body = await _read_request(stream)
             except (anyio.EndOfStream, anyio.BrokenResourceError, ValueError):
                 return
             key = f"{method} {path.split('/')[-1] if path.count('/') > 3 else path}"
             hostile.requests[key] = hostile.requests.get(key, 0) + 1
+            if path.endswith("/channel"):
+                hostile.channel_bodies.append(body)
             try:
                 if path == "/v1/description":
                     status, body = hostile.describe(hostile.requests[key])
@@ -285,3 +289,34 @@ def started(execution: str = "a" * 32, **mechanisms: bool) -> bytes:
 
 def heartbeat(execution: str = "a" * 32) -> bytes:
     return b'{"type":"heartbeat","execution":"' + execution.encode() + b'"}\n'
+
+
+def hello(euid: int, **report: Any) -> bytes:
+    """A child's hello frame with a report as a contained child would give (bar ``report``)."""
+    from psych_sandbox_core.protocol import HelloFrame
+    from psych_sandbox_core.protocol.frames import ContainmentReport
+
+    data: dict[str, Any] = {
+        "uid": euid,
+        "euid": euid,
+        "gid": euid,
+        "pid": 2,
+        "canary_readable": False,
+        "network": {"ipv4": "unreachable", "ipv6": "unreachable", "interfaces_up": []},
+        "limits": [],
+        "capabilities": "0000000000000000",
+        "sees_foreign_processes": False,
+        "python": "3",
+        "platform": "linux",
+        **report,
+    }
+    frame = HelloFrame(type="hello", protocol=1, report=ContainmentReport.model_validate(data))
+    return frame.model_dump_json().encode() + b"\n"
+
+
+def channel(data: bytes, execution: str = "a" * 32) -> bytes:
+    import base64
+    import json
+
+    event = {"type": "channel", "execution": execution, "data": base64.b64encode(data).decode()}
+    return json.dumps(event).encode() + b"\n"

@@ -11,8 +11,8 @@ from psych_sandbox_core.backend import LaunchRequest, ProbeTargets
 from psych_sandbox_core.grading import Grade, Guarantee, Mechanisms, grade
 from psych_sandbox_core.host import ProbeHarness, bootstrap_source
 from psych_sandbox_core.protocol import HelloFrame
-from psych_sandbox_core.protocol.frames import ContainmentReport, NetworkObservation
 from psych_sandbox_core.terms import ExecutionLimits
+from remote_support import hello
 
 from psych_sandbox_remote.client import MAX_REPLAYED_CONNECTIONS, Endpoint, RemoteExecution
 from psych_sandbox_remote.options import RemoteOptions
@@ -42,23 +42,6 @@ STRONG = Mechanisms(
     unprivileged_identity=True,
     exclusive_identity=True,
 )
-
-
-def hello(euid: int) -> bytes:
-    report = ContainmentReport(
-        uid=euid,
-        euid=euid,
-        gid=euid,
-        pid=2,
-        canary_readable=False,
-        network=NetworkObservation(ipv4="unreachable", ipv6="unreachable", interfaces_up=[]),
-        limits=[],
-        capabilities="0000000000000000",
-        sees_foreign_processes=False,
-        python="3",
-        platform="linux",
-    )
-    return HelloFrame(type="hello", protocol=1, report=report).model_dump_json().encode() + b"\n"
 
 
 @pytest.mark.anyio

@@ -19,9 +19,11 @@ from psych_sandbox_core.result import ExecutionResult
 from remote_support import (
     TOKEN_ENV,
     Hostile,
+    channel,
     client_config,
     description,
     heartbeat,
+    hello,
     hostile_service,
     new_token,
     run,
@@ -265,3 +267,21 @@ async def test_an_unreachable_service_sends_nothing() -> None:
     assert result.error is not None
     assert result.error.kind is ErrorKind.BACKEND_NOT_READY, result.error
     assert "nothing was sent" in result.error.message
+
+
+async def test_a_service_whose_child_reports_less_is_refused_before_the_program() -> None:
+    # The description says isolated; the child's own report (a readable canary, the network
+    # reachable) says otherwise: the core refuses, and the program is never sent.
+    async def weak(send: Send) -> None:
+        await send(started(filesystem_boundary=True, network_namespace=True))
+        await send(channel(hello(65534, canary_readable=True)))
+        await anyio.sleep_forever()
+
+    hostile = Hostile(weak)
+    result, _ = await against(weak, hostile=hostile)
+    message = failed(result, ErrorKind.ISOLATION_UNAVAILABLE)
+    assert "isolated" in message
+    assert result.grades["filesystem"] == "unavailable"
+    # What reached the child's channel was an abort, never the program.
+    assert [json.loads(body)["type"] for body in hostile.channel_bodies] == ["abort"]
+    started_once(hostile)
