@@ -21,7 +21,14 @@ What is here:
   host, swept and given back when the execution is over), :class:`LeasedIdentityOptions`;
   :func:`execution_cgroup` (a cgroup of the execution's own: usage, caps, and the
   :class:`EmptyCgroup` proof a lease is retired with);
-* registering: :func:`hookimpl` and :class:`BackendRegistrar`.
+* registering: :func:`hookimpl` and :class:`BackendRegistrar`;
+* relaying a child that runs elsewhere (a remote service): :func:`bootstrap_source`,
+  :class:`ProbeHarness` (the canary and listeners an execution is judged by, where the child
+  runs), :data:`HANDSHAKE_SECONDS`, the protocol's frames and codec
+  (:data:`PROTOCOL_VERSION`, :class:`HelloFrame`, :class:`RunFrame`, :class:`AbortFrame`,
+  :func:`decode_child_frame`, :func:`decode_host_frame`, :data:`HANDSHAKE_CEILINGS`,
+  :data:`MAX_HELLO_FRAME_BYTES`, :data:`MAX_HOST_FRAME_BYTES`) and grading
+  (:class:`Guarantee`, :func:`grade`, :func:`level_at_least`).
 
 Compatibility policy. :data:`KIT_VERSION` is the core's major.minor version. Within one
 minor series (0.1.0, 0.1.1, ...) every name in ``__all__`` keeps its signature and meaning:
@@ -44,6 +51,7 @@ from .backend import (
     ProbeTargets,
     ProcessLaunched,
 )
+from .bootstrap_loader import bootstrap_source
 from .cgroupfs import Hierarchy
 from .cgroupfs import hierarchies as cgroup_hierarchies
 from .cgroupfs import remove_tree as remove_cgroup_tree
@@ -53,7 +61,7 @@ from .channel import ChannelListener, InheritedSocketChannel, UnixSocketChannel
 from .channel_loopback import LoopbackTokenChannel
 from .child_env import child_environment
 from .errors import ConfigurationError, ErrorKind, InterpreterNotFoundError
-from .grading import Level, Mechanisms
+from .grading import Guarantee, Level, Mechanisms, grade, level_at_least
 from .hookspecs import BackendRegistrar, hookimpl
 from .identity import (
     DEFAULT_COUNT,
@@ -72,8 +80,19 @@ from .interpreter import (
     resolve_environment,
     resolve_interpreter,
 )
+from .probe_harness import ProbeHarness
 from .process import ExitStatus, ManagedProcess
-from .starting import bootstrap_argv, read_some, wait_started
+from .protocol import (
+    PROTOCOL_VERSION,
+    AbortFrame,
+    HelloFrame,
+    RunFrame,
+    decode_child_frame,
+    decode_host_frame,
+)
+from .protocol.framing import HANDSHAKE_CEILINGS
+from .protocol.limits import MAX_HELLO_FRAME_BYTES, MAX_HOST_FRAME_BYTES
+from .starting import HANDSHAKE_SECONDS, bootstrap_argv, read_some, wait_started
 from .terms import ExecutionLimits
 from .workspace import create_workspace, remove_tree
 
@@ -86,8 +105,14 @@ KIT_VERSION = "0.1"
 __all__ = [
     "DEFAULT_COUNT",
     "DEFAULT_FIRST_UID",
+    "HANDSHAKE_CEILINGS",
+    "HANDSHAKE_SECONDS",
     "KIT_VERSION",
+    "MAX_HELLO_FRAME_BYTES",
+    "MAX_HOST_FRAME_BYTES",
+    "PROTOCOL_VERSION",
     "SYSTEM_CANDIDATES",
+    "AbortFrame",
     "Backend",
     "BackendOptions",
     "BackendRegistrar",
@@ -100,6 +125,8 @@ __all__ = [
     "ExecutionIdentity",
     "ExecutionLimits",
     "ExitStatus",
+    "Guarantee",
+    "HelloFrame",
     "Hierarchy",
     "IdentityRange",
     "InheritedSocketChannel",
@@ -112,19 +139,26 @@ __all__ = [
     "LoopbackTokenChannel",
     "ManagedProcess",
     "Mechanisms",
+    "ProbeHarness",
     "ProbeTargets",
     "ProcessLaunched",
+    "RunFrame",
     "SubprocessBackend",
     "SubprocessOptions",
     "UnixSocketChannel",
     "bootstrap_argv",
+    "bootstrap_source",
     "cgroup_hierarchies",
     "child_environment",
     "create_workspace",
+    "decode_child_frame",
+    "decode_host_frame",
     "execution_cgroup",
+    "grade",
     "hookimpl",
     "host_is_root",
     "leased_identity",
+    "level_at_least",
     "read_some",
     "remove_cgroup_tree",
     "remove_execution_cgroup",

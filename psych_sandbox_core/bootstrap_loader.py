@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 from functools import lru_cache
+from importlib import resources
 
 #: Loads the marshalled bootstrap passed as the first argument into ``__main__`` (as ``-c``
 #: source would run), leaving argv as the bootstrap expects it: ``-c`` and its options. The
@@ -67,3 +68,9 @@ def _compiled(interpreter: str, digest: str, source: str) -> str | None:
     if not payload or len(payload) > MAX_PAYLOAD_CHARS:
         return None
     return payload
+
+
+@lru_cache(maxsize=1)
+def bootstrap_source() -> str:
+    """The child-side bootstrap, passed to the interpreter as ``-c`` source."""
+    return resources.files(__package__).joinpath("bootstrap.py").read_text(encoding="utf-8")

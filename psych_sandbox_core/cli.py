@@ -89,7 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument(
         "--port", type=int, default=8000, help="streamable-http: port (0 picks a free one)"
     )
-    for command in (run, doctor, profiles, mcp):
+    serve = commands.add_parser(
+        "serve", help="serve a profile as a remote sandbox service (psych-sandbox-remote)"
+    )
+    serve.add_argument("--profile", required=True, help="the profile to serve")
+    serve.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on")
+    for command in (run, doctor, profiles, mcp, serve):
         command.add_argument(
             "--config",
             default=None,
@@ -324,11 +329,27 @@ def _command_mcp(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _command_serve(args: argparse.Namespace) -> int:
+    # The service is its own distribution: the core only hands the command over.
+    try:
+        from psych_sandbox_remote.serve import main as serve
+    except ImportError:
+        print(
+            "psych-sandbox: serve needs the remote backend; install it with: "
+            "pip install psych-sandbox-remote",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    result: int = serve(args.profile, args.listen, args.config)
+    return result
+
+
 _COMMANDS = {
     "run": _command_run,
     "doctor": _command_doctor,
     "profiles": _command_profiles,
     "mcp": _command_mcp,
+    "serve": _command_serve,
 }
 
 

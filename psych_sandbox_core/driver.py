@@ -47,10 +47,8 @@ from .protocol import ChildFrame, HostFrame
 from .protocol.codec import decode_value_json
 from .protocol.framing import FrameCeilings
 from .result import ExecutionFailure, ExecutionResult
+from .starting import HANDSHAKE_SECONDS
 
-#: How long a child may take to connect and report before the host gives up on it. Start-up
-#: of a container runtime is the slowest case we know of (a few seconds cold).
-HANDSHAKE_SECONDS = 30.0
 #: After teardown, how long the host keeps draining output a dying tree may still flush.
 DRAIN_AFTER_EXIT_SECONDS = 2.0
 #: After a warm result was handed back early, how long the teardown waits for the child's

@@ -71,6 +71,11 @@ class ErrorKind(str, enum.Enum):
     CANCELLED = "cancelled"
     PROVIDER_ERROR = "provider_error"
     ARTIFACTS_UNAVAILABLE = "artifacts_unavailable"
+    # What a remote service did (never retried: see docs/remote.md).
+    REMOTE_TIMEOUT = "remote_timeout"
+    REMOTE_DISCONNECTED = "remote_disconnected"
+    REMOTE_MALFORMED = "remote_malformed"
+    REMOTE_ERROR = "remote_error"
 
 
 _NOT_YOUR_PROGRAM = (
@@ -140,6 +145,26 @@ GUIDANCE: dict[ErrorKind, str] = {
         "Output had to be preserved but no storage was available to preserve it, so the "
         "result was not returned. " + _NOT_YOUR_PROGRAM
     ),
+    ErrorKind.REMOTE_TIMEOUT: (
+        "The remote sandbox service stopped answering, so the execution was ended; it was not "
+        "run again. If the program may have had effects through its tools, check before "
+        "running it again. " + _NOT_YOUR_PROGRAM
+    ),
+    ErrorKind.REMOTE_DISCONNECTED: (
+        "The connection to the remote sandbox service was lost or refused, so the execution "
+        "was ended; it was not run again. If the program may have had effects through its "
+        "tools, check before running it again. " + _NOT_YOUR_PROGRAM
+    ),
+    ErrorKind.REMOTE_MALFORMED: (
+        "The remote sandbox service answered with something the protocol does not allow (or "
+        "more than its ceilings), so its answer was discarded; it was not run again. "
+        + _NOT_YOUR_PROGRAM
+    ),
+    ErrorKind.REMOTE_ERROR: (
+        "The remote sandbox service refused or failed the request (see the message: at "
+        "capacity, not authorised, terms it cannot meet); nothing was run again. "
+        + _NOT_YOUR_PROGRAM
+    ),
 }
 
 #: Guidance for kind=exception when the program raised one of these (by type name), where
@@ -162,5 +187,9 @@ DEPLOYMENT_KINDS = frozenset(
         ErrorKind.CANCELLED,
         ErrorKind.PROVIDER_ERROR,
         ErrorKind.ARTIFACTS_UNAVAILABLE,
+        ErrorKind.REMOTE_TIMEOUT,
+        ErrorKind.REMOTE_DISCONNECTED,
+        ErrorKind.REMOTE_MALFORMED,
+        ErrorKind.REMOTE_ERROR,
     }
 )

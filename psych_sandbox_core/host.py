@@ -13,13 +13,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from functools import lru_cache
-from importlib import resources
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from .backend import Backend, BackendUnavailable, Launched, LaunchRequest
+from .bootstrap_loader import bootstrap_source
 from .conversation import State
 from .driver import ChildDriver, Ending, StartupFailed, conclude_ending
 from .errors import ErrorKind
@@ -38,12 +37,6 @@ __all__ = [
     "execute",
     "prepare",
 ]
-
-
-@lru_cache(maxsize=1)
-def bootstrap_source() -> str:
-    """The child-side bootstrap, passed to the interpreter as ``-c`` source."""
-    return resources.files(__package__).joinpath("bootstrap.py").read_text(encoding="utf-8")
 
 
 async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:

@@ -18,6 +18,10 @@ from anyio.abc import ByteReceiveStream
 from .backend import BackendUnavailable, Launched, LaunchRequest
 from .process import ExitStatus
 
+#: How long a child may take to connect and report before the host gives up on it. Start-up
+#: of a container runtime is the slowest case we know of (a few seconds cold).
+HANDSHAKE_SECONDS = 30.0
+
 #: How long a failed start's stderr is read for, at most, to quote it.
 STDERR_READ_SECONDS = 1.0
 

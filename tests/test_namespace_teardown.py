@@ -369,7 +369,10 @@ async def test_an_unprivileged_host_keeps_its_ancestors_out_of_reach_and_nothing
     uid, gid = unprivileged_user("psych-sandbox-test")
     staged = staged_environment(
         editable=("psych_sandbox_core",),
-        leave_out=("psych_sandbox_bwrap", "psych_sandbox_docker", "psych_sandbox_example"),
+        leave_out=(
+            "psych_sandbox_bwrap", "psych_sandbox_docker", "psych_sandbox_example",
+            "psych_sandbox_remote",
+        ),
     )
     marks = {name: marker() for name in SURVIVORS}
     marks["MEMORY_MARK"] = marker("psych-memory")

@@ -74,6 +74,12 @@ SOURCES = [
         "README.md",
         operating_system="Operating System :: Microsoft :: Windows",
     ),
+    Source(
+        "psych-sandbox-remote",
+        ROOT / "plugins" / "psych-sandbox-remote",
+        "psych_sandbox_remote",
+        "README.md",
+    ),
 ]
 
 #: What every sdist carries whatever the project says: its build configuration, the metadata
@@ -308,6 +314,7 @@ def test_the_wheels_install_into_a_fresh_environment_and_run_a_program(
         ("docker", "psych-sandbox-docker", "0.1.0"),
         ("gvisor", "psych-sandbox-docker", "0.1.0"),
         ("macos", "psych-sandbox-macos", "0.1.0"),
+        ("remote", "psych-sandbox-remote", "0.1.0"),
         ("subprocess", "psych-sandbox-core", "0.1.0"),
         ("windows", "psych-sandbox-windows", "0.1.0"),
     }

@@ -121,7 +121,7 @@ async def test_bad_options_fail_at_load(options: dict[str, object]) -> None:
 def _as_user_argv(program: str) -> list[str]:
     staged = staged_environment(
         editable=("psych_sandbox_core", "psych_sandbox_bwrap"),
-        leave_out=("psych_sandbox_docker", "psych_sandbox_example"),
+        leave_out=("psych_sandbox_docker", "psych_sandbox_example", "psych_sandbox_remote"),
         files=(str(HERE / "as_user.py"),),
     )
     return [SYSTEM_PYTHON, "-I", str(staged / "as_user.py"), str(staged / "site"), program]

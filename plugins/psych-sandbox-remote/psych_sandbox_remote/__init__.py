@@ -1,0 +1,1 @@
+"""Run programs on a remote psych-sandbox service; serve a local profile as one."""

@@ -1,0 +1,41 @@
+"""The remote backend, pointed at a local ``psych-sandbox serve`` of the bwrap backend, passes
+the shared behaviour suite: the same program, the same result and the same grades."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+from psych_sandbox_core.testing.conformance import BackendConformance
+from remote_support import TOKEN_ENV, new_token, requires_bwrap, serving
+
+
+@requires_bwrap
+class TestRemoteConformance(BackendConformance):
+    backend = "remote"
+    options: ClassVar[dict[str, Any]] = {}
+    level = "isolated"
+    enforced = frozenset({"filesystem", "network", "process_tree", "identity"})
+    workspace_path = "/workspace"
+    # The workspace is the service's (a tmpfs inside its sandbox), not below this host's
+    # temporary directory.
+    workspace_on_host = False
+
+    @pytest.fixture(autouse=True, scope="class")
+    @classmethod
+    def _service(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+        token = new_token()
+        previous = os.environ.get(TOKEN_ENV)
+        # In this process's environment, so the CLI runs the suite starts inherit it too.
+        os.environ[TOKEN_ENV] = token
+        try:
+            with serving(tmp_path_factory.mktemp("conformance"), {"suite": token}) as served:
+                cls.options = {"url": served.url, "token_env": TOKEN_ENV}
+                yield
+        finally:
+            if previous is None:
+                os.environ.pop(TOKEN_ENV, None)
+            else:
+                os.environ[TOKEN_ENV] = previous

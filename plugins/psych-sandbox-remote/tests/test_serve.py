@@ -1,0 +1,295 @@
+"""The remote backend against a real ``psych-sandbox serve`` (bwrap) on loopback: bindings on
+the client's side, tenants, terms refused before anything starts, a full server, load."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from psych_sandbox_core import ProfileConfig
+from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core.budgets import BindingBudgets
+from psych_sandbox_core.errors import ErrorKind
+from psych_sandbox_core.profiles import DeploymentConfig
+from psych_sandbox_core.terms import ExecutionLimits
+from remote_support import (
+    FAST_LIMITS,
+    PROFILE,
+    TOKEN_ENV,
+    Served,
+    client_config,
+    new_token,
+    requires_bwrap,
+    run,
+    serving,
+)
+
+pytestmark = [pytest.mark.anyio, requires_bwrap]
+
+ALICE, BOB = new_token(), new_token()
+
+SERVE_TABLE = """capacity = 2
+[serve.tenants.bob]
+limits = { cpu_seconds = 5, wall_seconds = 30.0 }
+"""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serving(
+        tmp_path_factory.mktemp("serve"), {"alice": ALICE, "bob": BOB}, serve_table=SERVE_TABLE
+    ) as service:
+        yield service
+
+
+@pytest.fixture(autouse=True)
+def _alice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, ALICE)
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def start_body(**limits: Any) -> str:
+    return json.dumps(
+        {"protocol": 1, "limits": ExecutionLimits(**{**FAST_LIMITS, **limits}).model_dump()}
+    )
+
+
+@asynccontextmanager
+async def raw_start(
+    client: httpx.AsyncClient, token: str, **limits: Any
+) -> AsyncIterator[tuple[httpx.Response, str | None]]:
+    """A start request by hand; the execution's id once its first event arrived. The rest
+    of the stream's lines are ``LINES[response]``."""
+    async with client.stream(
+        "POST", "/v1/executions", content=start_body(**limits), headers=auth(token)
+    ) as response:
+        execution = None
+        if response.status_code == 200:
+            lines = response.aiter_lines()
+            LINES[id(response)] = lines
+            first = json.loads(await lines.__anext__())
+            assert first["type"] == "started"
+            execution = first["execution"]
+        else:
+            await response.aread()
+        yield response, execution
+
+
+LINES: dict[int, AsyncIterator[str]] = {}
+
+
+async def metrics(client: httpx.AsyncClient) -> dict[str, float]:
+    text = (await client.get("/metrics")).text
+    return {
+        name: float(value)
+        for name, value in re.findall(r"^(psych_sandbox_\S+) (\S+)$", text, re.MULTILINE)
+    }
+
+
+async def test_a_program_runs_at_the_service_level(served: Served) -> None:
+    result = await run(client_config(served.url), "print('hello')\nimport os\n6 * 7")
+    assert result.error is None, result.error
+    assert result.stdout == "hello\n"
+    assert result.return_value == 42
+    assert result.level == "isolated"
+    assert result.backend.id == "remote"
+
+
+async def test_bindings_run_on_the_client_with_its_budgets_and_record(served: Served) -> None:
+    seen: list[tuple[int, int]] = []
+
+    async def add(a: int, b: int) -> int:
+        seen.append((a, b))
+        await anyio.sleep(0.01)
+        return a + b
+
+    config = client_config(served.url)
+    source = "import asyncio\nawait asyncio.gather(*(add(a=i, b=1) for i in range(5)))"
+    result = await run(config, source, bindings=FunctionBindings({"add": add}))
+    assert result.error is None, result.error
+    assert result.return_value == [1, 2, 3, 4, 5]
+    assert sorted(seen) == [(i, 1) for i in range(5)]
+    assert len(result.calls) == 5
+    # The client's budget, not the service's: the service has none.
+    profile = client_config(served.url).profiles[PROFILE]
+    limited = DeploymentConfig(
+        profiles={
+            PROFILE: ProfileConfig(
+                backend="remote",
+                options=profile.options,
+                limits=profile.limits,
+                budgets=BindingBudgets(calls_per_execution=2),
+            )
+        }
+    )
+    result = await run(
+        limited,
+        "n = 0\nfor i in range(3):\n    try:\n        await add(a=i, b=0)\n        n += 1\n"
+        "    except ToolError as e:\n        kind = e.kind\n[n, kind]",
+        bindings=FunctionBindings({"add": add}),
+    )
+    assert result.error is None, result.error
+    assert result.return_value[0] == 2
+
+
+async def test_artifacts_cross_the_wire(served: Served) -> None:
+    # The workspace is on the service: the files come over the relayed channel.
+    result = await run(
+        client_config(served.url), "open('out.txt', 'w').write('made remotely')\n'ok'"
+    )
+    assert result.error is None, result.error
+    assert [a.path for a in result.artifacts] == ["out.txt"], result.artifacts
+    assert result.artifacts[0].size_bytes == len("made remotely")
+
+
+async def test_the_description_is_narrowed_for_the_tenant(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        anonymous = (await client.get("/v1/description")).json()
+        bob = (await client.get("/v1/description", headers=auth(BOB))).json()
+    assert anonymous["level"] == "isolated"
+    assert anonymous["grades"]["filesystem"] == "enforced"
+    assert anonymous["limits"]["cpu_seconds"] == 30
+    assert bob["limits"]["cpu_seconds"] == 5
+    assert anonymous["runs_commands"] is False
+    assert anonymous["artifacts"] is True
+
+
+async def test_terms_beyond_the_tenant_are_refused_before_anything_starts(
+    served: Served,
+) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        before = await metrics(client)
+        async with raw_start(client, BOB, cpu_seconds=10) as (response, execution):
+            assert response.status_code == 422
+            assert response.json()["error"] == "terms"
+            assert "cpu_seconds: 10 asked, at most 5" in response.json()["message"]
+            assert execution is None
+        after = await metrics(client)
+    assert (
+        after["psych_sandbox_executions_started_total"]
+        == (before["psych_sandbox_executions_started_total"])
+    )
+    # Through the backend, the client reads bob's description and refuses locally.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TOKEN_ENV, BOB)
+        result = await run(client_config(served.url), "print('never')")
+    assert result.error is not None
+    assert result.error.kind is ErrorKind.POLICY_REFUSED, result.error
+
+
+async def test_tenants_never_reach_each_others_executions(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        async with raw_start(client, ALICE) as (response, execution):
+            assert response.status_code == 200 and execution is not None
+            for action in ("channel", "terminate", "finish"):
+                other = await client.post(
+                    f"/v1/executions/{execution}/{action}", content=b"{}", headers=auth(BOB)
+                )
+                assert other.status_code == 404, (action, other.text)
+                assert other.json()["message"] == "no such execution"
+            anonymous = await client.post(f"/v1/executions/{execution}/finish", content=b"{}")
+            assert anonymous.status_code == 401
+            own = await client.post(
+                f"/v1/executions/{execution}/finish", content=b"{}", headers=auth(ALICE)
+            )
+            assert own.status_code == 200
+            assert own.json()["execution"] == execution
+        wrong = await client.post("/v1/executions", content=start_body(), headers=auth(new_token()))
+        assert wrong.status_code == 401
+
+
+async def test_a_full_server_refuses_and_says_so(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        before = await metrics(client)
+        async with (
+            raw_start(client, ALICE) as (first, _),
+            raw_start(client, ALICE) as (second, _),
+        ):
+            assert first.status_code == second.status_code == 200
+            load = await metrics(client)
+            assert load["psych_sandbox_executions_in_flight"] == 2
+            assert load["psych_sandbox_executions_capacity"] == 2
+            async with raw_start(client, ALICE) as (third, _):
+                assert third.status_code == 503
+                assert third.json()["error"] == "full"
+            result = await run(client_config(served.url), "print('never')")
+            assert result.error is not None
+            assert result.error.kind is ErrorKind.REMOTE_ERROR, result.error
+            assert "at capacity" in result.error.message
+            after = await metrics(client)
+        full = 'psych_sandbox_refusals_total{reason="full"}'
+        assert after[full] - before[full] == 2
+
+
+async def test_plaintext_credentials_only_on_loopback_or_when_trusted(tmp_path: Path) -> None:
+    from psych_sandbox_core.errors import ConfigurationError
+    from psych_sandbox_core.registry import BackendRegistry
+
+    registry = BackendRegistry()
+    with pytest.raises(ConfigurationError, match="plaintext"):
+        registry.create("remote", {"url": "http://sandbox.example:8000", "token_env": "T"})
+    for fine in (
+        {"url": "https://sandbox.example", "token_env": "T"},
+        {"url": "http://127.0.0.1:1", "token_env": "T"},
+        {"url": "http://[::1]:1", "token_env": "T"},
+        {"url": "http://sandbox.internal:8000", "token_env": "T", "trusted_plaintext": True},
+    ):
+        registry.create("remote", fine)
+    with pytest.raises(ConfigurationError, match="user or password"):
+        registry.create("remote", {"url": "https://me:secret@sandbox.example"})
+
+
+async def test_a_run_frame_beyond_the_terms_never_reaches_the_child(served: Served) -> None:
+    from psych_sandbox_core.protocol import ChildLimits, RunFrame
+    from psych_sandbox_core.protocol.codec import encode_host_frame
+
+    greedy = RunFrame(
+        source="print('never')",
+        tools=[],
+        limits=ChildLimits(
+            cpu_seconds=10_000,
+            memory_bytes=None,
+            file_size_bytes=None,
+            processes=None,
+            return_value_bytes=1024,
+        ),
+    )
+    async with (
+        httpx.AsyncClient(base_url=served.url) as client,
+        raw_start(client, ALICE) as (response, execution),
+    ):
+        assert execution is not None
+        refused = await client.post(
+            f"/v1/executions/{execution}/channel",
+            content=encode_host_frame(greedy),
+            headers=auth(ALICE),
+        )
+        assert refused.status_code == 409
+        assert "cpu_seconds=10000" in refused.json()["message"]
+        with anyio.fail_after(30):
+            events = [json.loads(line) async for line in LINES.pop(id(response))]
+    assert events[-1]["type"] == "end"
+    assert not any(e["type"] == "stdout" for e in events), "the program ran"
+
+
+async def test_a_client_that_never_finishes_is_ended_by_the_service(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        async with raw_start(client, ALICE, wall_seconds=1.0) as (response, execution):
+            assert execution is not None
+            with anyio.fail_after(60):
+                events = [json.loads(line) async for line in LINES.pop(id(response))]
+        assert events[-1]["type"] == "end"
+        assert (
+            await metrics(client)
+            and (await metrics(client))["psych_sandbox_executions_in_flight"] == 0
+        )
