@@ -159,7 +159,8 @@ class Conversation:
         #: the program's frames: looked up once per change of state, not per frame.
         self._allowed = TRANSITIONS[self.state]
         self.listening = True
-        self._mechanisms = mechanisms
+        #: What the backend applied; graded against the report when it arrives.
+        self.mechanisms = mechanisms
         self._host_uid = host_uid
         self.hello: HelloFrame | None = None
         self.grades: dict[Guarantee, Grade] = {}
@@ -221,7 +222,7 @@ class Conversation:
             return self._violated(
                 f"child speaks protocol {hello.protocol}, host speaks {PROTOCOL_VERSION}"
             )
-        self.grades = grade(self._mechanisms, hello.report, host_uid=self._host_uid)
+        self.grades = grade(self.mechanisms, hello.report, host_uid=self._host_uid)
         self.hello = hello
         self._move("hello")
         return []

@@ -183,6 +183,10 @@ class ChildDriver:
             frame = await self._link.receive()
         except ProtocolViolation as exc:
             return self.conversation.violate(str(exc))
+        if self.conversation.state is State.AWAITING_HELLO:
+            # As they stand when the report arrives: a backend relaying a child that runs
+            # elsewhere learns what was applied there from the report's way through.
+            self.conversation.mechanisms = self._launched.mechanisms
         return self.conversation.receive(frame)
 
     async def close_link(self) -> None:

@@ -275,6 +275,10 @@ class BackendConformance:
     #: Whether the options ``workspace_bytes``, ``tmp_bytes`` and ``shm_bytes`` cap the
     #: memory-backed workspace, /tmp and /dev/shm.
     capped_filesystems: ClassVar[bool] = False
+    #: Whether the backend's options take an identity range (``identity_first_uid``), so the
+    #: suite can give it a uid of the test's own. A backend whose identities are leased
+    #: elsewhere (a remote service's) declares False.
+    identity_options: ClassVar[bool] = True
 
     profile: ClassVar[str] = "conformance"
     #: A second profile some tests add: the subprocess backend without a pid namespace, a
@@ -1020,7 +1024,7 @@ class BackendConformance:
         assert plain.return_value and plain.return_value == [secret] * len(plain.return_value)
         assert opened
 
-    @applies(lambda cls: "identity" in cls.enforced)
+    @applies(lambda cls: "identity" in cls.enforced and cls.identity_options)
     @pytest.mark.anyio
     async def test_state_planted_under_the_uid_is_gone_from_the_host(self) -> None:
         _needs_root()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
+from psych_sandbox_core.backend_kit import DEFAULT_COUNT, DEFAULT_FIRST_UID
 from psych_sandbox_core.testing.conformance import BackendConformance
 from remote_support import TOKEN_ENV, new_token, requires_bwrap, serving
 
@@ -22,6 +23,12 @@ class TestRemoteConformance(BackendConformance):
     # The workspace is the service's (a tmpfs inside its sandbox), not below this host's
     # temporary directory.
     workspace_on_host = False
+    # Its identities are the service's: leased there, from the service's own range.
+    identity_options = False
+
+    def identity_uids(self) -> range | None:
+        # The service's bwrap backend leases from its default range on this same host.
+        return range(DEFAULT_FIRST_UID, DEFAULT_FIRST_UID + DEFAULT_COUNT)
 
     @pytest.fixture(autouse=True, scope="class")
     @classmethod
