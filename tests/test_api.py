@@ -63,16 +63,19 @@ async def test_unknown_backend_is_a_configuration_error_naming_it() -> None:
             await sandbox.run("1", profile="p")
 
 
-def test_unknown_backend_error_names_the_distribution_to_install() -> None:
+def test_unknown_backend_error_names_the_distribution_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from psych_sandbox_core import registry as registry_module
     from psych_sandbox_core.registry import KNOWN_DISTRIBUTIONS
 
+    # A host with no plugin installed: entry points looked up in a group nobody provides.
+    monkeypatch.setattr(registry_module, "ENTRY_POINT_GROUP", "psych_sandbox_nothing_here")
     registry = BackendRegistry()
-    missing = [name for name in KNOWN_DISTRIBUTIONS if name not in registry.ids()]
-    assert missing, "every known backend is installed here; nothing to look up"
-    backend_id = missing[0]
-    expected = f"pip install {KNOWN_DISTRIBUTIONS[backend_id]}"
-    with pytest.raises(UnknownBackendError, match=expected):
-        registry.get(backend_id)
+    assert not set(KNOWN_DISTRIBUTIONS) & set(registry.ids())
+    for backend_id, distribution in KNOWN_DISTRIBUTIONS.items():
+        with pytest.raises(UnknownBackendError, match=f"pip install {distribution}"):
+            registry.get(backend_id)
 
 
 async def test_invalid_backend_options_are_a_configuration_error() -> None:
