@@ -59,3 +59,9 @@ class TestGvisorConformance(TestDockerConformance):
     # The program's processes live in gVisor's own kernel, not in the host's /proc: what is
     # left is judged by the containers left.
     processes_visible = False
+
+    @pytest.fixture
+    def anyio_backend(self) -> str:
+        # The same plugin code as the docker class above, which runs every test on both
+        # loops; only the runtime differs, and a runtime does not see the host's event loop.
+        return "asyncio"

@@ -17,6 +17,7 @@ from typing import Annotated
 
 import anyio
 from psych_sandbox_core.backend_kit import (
+    HANDSHAKE_SECONDS,
     ConfigurationError,
     Level,
 )
@@ -53,6 +54,10 @@ class ServeSettings(BaseModel):
     tls_certfile: str | None = None
     tls_keyfile: str | None = None
     trusted_plaintext: bool = False
+    #: How long a child of the served profile may take to start and reach its channel
+    #: (a cold container takes seconds, bubblewrap a fraction of one): it bounds the wait
+    #: for the channel, and with the wall clock and grace, how long an execution may live.
+    handshake_seconds: Annotated[float, Field(gt=0, le=600)] = HANDSHAKE_SECONDS
 
 
 def load(path: str | None) -> tuple[DeploymentConfig, ServeSettings]:
@@ -150,7 +155,7 @@ async def prepare(
         level=Level(found.level),
         grades=dict(found.grades),
     )
-    return Service(served, tenants, settings.capacity)
+    return Service(served, tenants, settings.capacity, settings.handshake_seconds)
 
 
 def main(profile: str, listen: str, config_path: str | None) -> int:

@@ -133,8 +133,15 @@ class Load:
 class _Execution:
     """One child on this service, driven by its stream's request and its control requests."""
 
-    def __init__(self, tenant: str, limits: ExecutionLimits, emit: MemoryObjectSendStream[bytes]):
+    def __init__(
+        self,
+        tenant: str,
+        limits: ExecutionLimits,
+        emit: MemoryObjectSendStream[bytes],
+        handshake_seconds: float = HANDSHAKE_SECONDS,
+    ):
         self.id = secrets.token_hex(16)
+        self.handshake_seconds = handshake_seconds
         self.tenant = tenant
         self.limits = limits
         self._emit = emit
@@ -231,7 +238,10 @@ class _Execution:
     def _deadline_seconds(self) -> float:
         limits = self.limits
         return (
-            HANDSHAKE_SECONDS + limits.wall_seconds + limits.grace_seconds + OVERDUE_SLACK_SECONDS
+            self.handshake_seconds
+            + limits.wall_seconds
+            + limits.grace_seconds
+            + OVERDUE_SLACK_SECONDS
         )
 
     async def _relay_output(self, stream: ByteReceiveStream, kind: Any, end: anyio.Event) -> None:
@@ -263,7 +273,7 @@ class _Execution:
 
     async def _relay_channel(self, launched: Launched) -> None:
         accepted: ByteStream | socket.socket | None = None
-        with anyio.move_on_after(HANDSHAKE_SECONDS):
+        with anyio.move_on_after(self.handshake_seconds):
             accepted = await launched.channel.accept()
         if accepted is not None:
             self._channel = (
@@ -302,7 +312,7 @@ class _Execution:
 
     async def write_channel(self, data: bytes) -> str | None:
         """Pass the host's bytes to the child; why not, if they were refused."""
-        with anyio.move_on_after(HANDSHAKE_SECONDS):
+        with anyio.move_on_after(self.handshake_seconds):
             await self._accepted.wait()
         async with self._channel_lock:
             if self._channel is None or self._done.is_set():
@@ -384,8 +394,15 @@ class _SocketChannel(ByteStream):
 class Service:
     """The ASGI application."""
 
-    def __init__(self, profile: ServedProfile, tenants: Tenants, capacity: int) -> None:
+    def __init__(
+        self,
+        profile: ServedProfile,
+        tenants: Tenants,
+        capacity: int,
+        handshake_seconds: float = HANDSHAKE_SECONDS,
+    ) -> None:
         self.profile = profile
+        self.handshake_seconds = handshake_seconds
         self.tenants = tenants
         self.load = Load(capacity=capacity)
         self._executions: dict[str, _Execution] = {}
@@ -470,7 +487,7 @@ class Service:
         self.load.in_flight += 1
         self.load.started_total += 1
         emit, events = anyio.create_memory_object_stream[bytes](EVENT_BUFFER)
-        execution = _Execution(tenant.name, start.limits, emit)
+        execution = _Execution(tenant.name, start.limits, emit, self.handshake_seconds)
         self._executions[execution.id] = execution
         try:
             await send(

@@ -35,7 +35,10 @@ pytestmark = [pytest.mark.anyio, requires_bwrap]
 
 ALICE, BOB = new_token(), new_token()
 
+# A bwrap child reaches its channel in well under a second; a client that never finishes
+# is then ended after this plus the wall clock and grace, not after a container's 30 s.
 SERVE_TABLE = """capacity = 2
+handshake_seconds = 5.0
 [serve.tenants.bob]
 limits = { cpu_seconds = 5, wall_seconds = 30.0 }
 """
