@@ -133,6 +133,15 @@ INLINE_DECODE_BYTES = 64 * 1024
 #: fraction of the time, and every other execution's clock keeps its accuracy.
 LARGE_DECODE_SHARE = 0.25
 
+#: The share of the event loop one channel's frames may take while they keep coming: the
+#: loop time spent on them (decoding here, and answering them, measured from one frame's
+#: hand-over to the next request) is owed, the debt drains at this share of the time that
+#: passes, and beyond a burst's worth the reader rests until it is paid. A program making
+#: its calls at any honest pace never rests; one flooding its channel with the costliest
+#: small frames leaves the loop free half the time for every other execution's clock.
+LOOP_SHARE = 0.5
+LOOP_BURST_SECONDS = 0.02
+
 #: Largest single read: a larger request makes the allocator map and unmap memory per read.
 _READ_BYTES = 65536
 
@@ -165,6 +174,11 @@ class FrameChannel:
         self._bytes_without_wait = 0
         self._drained = False
         self.bytes_received = 0
+        #: Loop time this channel's frames are owed (see LOOP_SHARE), as of ``_settled``;
+        #: and when the last frame was handed over (its answering counts too).
+        self._owed = 0.0
+        self._settled = time.perf_counter()
+        self._handed_over: float | None = None
 
     async def receive(self) -> ChildFrame | None:
         """The next child frame, or None at a clean end of stream.
@@ -172,6 +186,9 @@ class FrameChannel:
         A line that passes its kind's ceiling is cut off rather than buffered. Anything
         malformed, too long, too deep or too wide raises ProtocolViolation.
         """
+        if self._handed_over is not None:
+            self._owe(time.perf_counter() - self._handed_over)
+            self._handed_over = None
         line = await self._line()
         if line is None:
             return None
@@ -179,8 +196,19 @@ class FrameChannel:
         if len(line) > INLINE_DECODE_BYTES:
             frame, spent = await anyio.to_thread.run_sync(_timed_decode, line, self.ceilings)
             await anyio.sleep(spent * (1 / LARGE_DECODE_SHARE - 1))
-            return frame
-        return decode_child_frame(line, self.ceilings)
+        else:
+            started = time.perf_counter()
+            frame = decode_child_frame(line, self.ceilings)
+            self._owe(time.perf_counter() - started)
+            if self._owed > LOOP_BURST_SECONDS:
+                await anyio.sleep((self._owed - LOOP_BURST_SECONDS) / LOOP_SHARE)
+        self._handed_over = time.perf_counter()
+        return frame
+
+    def _owe(self, spent: float) -> None:
+        now = time.perf_counter()
+        self._owed = max(0.0, self._owed - (now - self._settled) * LOOP_SHARE) + spent
+        self._settled = now
 
     async def _line(self) -> bytes | None:
         buffer = self._buffer
