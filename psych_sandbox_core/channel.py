@@ -134,13 +134,16 @@ INLINE_DECODE_BYTES = 64 * 1024
 LARGE_DECODE_SHARE = 0.25
 
 #: The share of the event loop one channel's frames may take while they keep coming: the
-#: loop time spent on them (decoding here, and answering them, measured from one frame's
-#: hand-over to the next request) is owed, the debt drains at this share of the time that
-#: passes, and beyond a burst's worth the reader rests until it is paid. A program making
-#: its calls at any honest pace never rests; one flooding its channel with the costliest
-#: small frames leaves the loop free half the time for every other execution's clock.
+#: loop time spent on them is owed (decoding, and answering: the time from one frame's
+#: hand-over to the next read, counted up to ANSWER_SECONDS, since a reader that is not
+#: asked for the next frame, a warm child waiting for its program, is idle, not busy), the
+#: debt drains at this share of the time that passes, and beyond a burst's worth the reader
+#: rests until it is paid. A program making its calls at any honest pace never rests; one
+#: flooding its channel with the costliest small frames leaves the loop free for every other
+#: execution's clock.
 LOOP_SHARE = 0.5
 LOOP_BURST_SECONDS = 0.02
+ANSWER_SECONDS = 0.002
 
 #: Largest single read: a larger request makes the allocator map and unmap memory per read.
 _READ_BYTES = 65536
@@ -175,7 +178,7 @@ class FrameChannel:
         self._drained = False
         self.bytes_received = 0
         #: Loop time this channel's frames are owed (see LOOP_SHARE), as of ``_settled``;
-        #: and when the last frame was handed over (its answering counts too).
+        #: and when the last frame was handed over.
         self._owed = 0.0
         self._settled = time.perf_counter()
         self._handed_over: float | None = None
@@ -187,7 +190,7 @@ class FrameChannel:
         malformed, too long, too deep or too wide raises ProtocolViolation.
         """
         if self._handed_over is not None:
-            self._owe(time.perf_counter() - self._handed_over)
+            self._owe(min(time.perf_counter() - self._handed_over, ANSWER_SECONDS))
             self._handed_over = None
         line = await self._line()
         if line is None:
