@@ -21,6 +21,7 @@ What is here:
   host, swept and given back when the execution is over), :class:`LeasedIdentityOptions`;
   :func:`execution_cgroup` (a cgroup of the execution's own: usage, caps, and the
   :class:`EmptyCgroup` proof a lease is retired with);
+* telling a live host process from a dead one whose pid was reused: :func:`start_time`;
 * registering: :func:`hookimpl` and :class:`BackendRegistrar`;
 * relaying a child that runs elsewhere (a remote service): :func:`bootstrap_source`,
   :class:`ProbeHarness` (the canary and listeners an execution is judged by, where the child
@@ -93,6 +94,7 @@ from .protocol import (
 from .protocol.framing import HANDSHAKE_CEILINGS
 from .protocol.limits import MAX_HELLO_FRAME_BYTES, MAX_HOST_FRAME_BYTES
 from .starting import HANDSHAKE_SECONDS, bootstrap_argv, read_some, wait_started
+from .temp_dirs import start_time
 from .terms import ExecutionLimits
 from .workspace import create_workspace, remove_tree
 
@@ -165,6 +167,7 @@ __all__ = [
     "remove_tree",
     "resolve_environment",
     "resolve_interpreter",
+    "start_time",
     "wait_started",
 ]
 

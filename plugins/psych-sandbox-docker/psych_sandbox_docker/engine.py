@@ -22,6 +22,7 @@ from psych_sandbox_core.backend_kit import (
     EmptyCgroup,
     remove_cgroup_tree,
     remove_execution_cgroup,
+    start_time,
 )
 
 #: Labels on every container this plugin starts.
@@ -65,15 +66,6 @@ def detect_engine(configured: str | None) -> tuple[str, str] | None:
     return None
 
 
-def _start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            # Field 22 (after the parenthesised command, which may contain spaces).
-            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
-
-
 def _read(path: str) -> str:
     try:
         with open(path) as fh:
@@ -111,7 +103,7 @@ class Owner:
         if self.machine != me.machine or self.boot != me.boot:
             # Another boot of this machine: dead. Another machine: we cannot tell, so alive.
             return self.machine != me.machine
-        return _start_time(self.pid) == self.started
+        return start_time(self.pid) == self.started
 
 
 @lru_cache(maxsize=1)
@@ -125,7 +117,7 @@ def current_owner() -> Owner:
     # Not cached: a forked host is a different owner.
     machine, boot = _machine_and_boot()
     pid = os.getpid()
-    return Owner(machine, boot, pid, _start_time(pid) or "0")
+    return Owner(machine, boot, pid, start_time(pid) or "0")
 
 
 def owner_label_map() -> dict[str, str]:
@@ -263,7 +255,7 @@ def _dead_token(token: str, everything: bool) -> bool:
         return False
     if everything:
         return True
-    return _start_time(int(pid)) != started.split("-", 1)[0]
+    return start_time(int(pid)) != started.split("-", 1)[0]
 
 
 def _reap_host_leftovers(everything: bool) -> None:
