@@ -21,7 +21,10 @@ What is here:
   host, swept and given back when the execution is over), :class:`LeasedIdentityOptions`;
   :func:`execution_cgroup` (a cgroup of the execution's own: usage, caps, and the
   :class:`EmptyCgroup` proof a lease is retired with);
-* telling a live host process from a dead one whose pid was reused: :func:`start_time`;
+* what a killed host leaves behind: :func:`make_owned_directory` (a temporary directory named
+  for its host process, :func:`owner_tag`), :func:`reap_owned_directories`, and telling a live
+  host process from a dead one whose pid was reused (:func:`owner_of`, :func:`host_alive`,
+  :func:`start_time`);
 * registering: :func:`hookimpl` and :class:`BackendRegistrar`;
 * relaying a child that runs elsewhere (a remote service): :func:`bootstrap_source`,
   :class:`ProbeHarness` (the canary and listeners an execution is judged by, where the child
@@ -94,7 +97,14 @@ from .protocol import (
 from .protocol.framing import HANDSHAKE_CEILINGS
 from .protocol.limits import MAX_HELLO_FRAME_BYTES, MAX_HOST_FRAME_BYTES
 from .starting import HANDSHAKE_SECONDS, bootstrap_argv, read_some, wait_started
-from .temp_dirs import start_time
+from .temp_dirs import (
+    host_alive,
+    make_owned_directory,
+    owner_of,
+    owner_tag,
+    reap_owned_directories,
+    start_time,
+)
 from .terms import ExecutionLimits
 from .workspace import create_workspace, remove_tree
 
@@ -158,10 +168,15 @@ __all__ = [
     "execution_cgroup",
     "grade",
     "hookimpl",
+    "host_alive",
     "host_is_root",
     "leased_identity",
     "level_at_least",
+    "make_owned_directory",
+    "owner_of",
+    "owner_tag",
     "read_some",
+    "reap_owned_directories",
     "remove_cgroup_tree",
     "remove_execution_cgroup",
     "remove_tree",

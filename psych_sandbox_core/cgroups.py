@@ -34,6 +34,7 @@ import anyio
 from psych_sandbox_core.cgroupfs import Hierarchy, hierarchies
 
 from .identity import EmptyCgroup, remove_execution_cgroup
+from .temp_dirs import host_alive, owner_of, owner_tag
 
 #: Per-execution cgroups are named ``<PREFIX><backend>-<host pid>-<random>``, so a later host
 #: can tell a leftover (its host died before teardown) from a live one.
@@ -60,7 +61,7 @@ class CgroupHost:
     def create(self, backend: str) -> ExecutionCgroup:
         """A fresh, empty cgroup for one execution of ``backend`` (OSError if the kernel
         refuses)."""
-        name = f"{PREFIX}{backend}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        name = f"{PREFIX}{backend}-{owner_tag()}-{uuid.uuid4().hex[:12]}"
         made: list[Path] = []
         try:
             for parent in dict.fromkeys(self.parents.values()):
@@ -361,16 +362,6 @@ def remove_leftovers(host: CgroupHost) -> None:
             if not entry.name.startswith(PREFIX):
                 continue
             parts = entry.name[len(PREFIX) :].rsplit("-", 2)
-            owner = parts[1] if len(parts) == 3 else ""
-            if owner.isdigit() and not _alive(int(owner)):
+            owner = owner_of(parts[1]) if len(parts) == 3 else None
+            if owner is not None and not host_alive(*owner):
                 _rmdir(entry)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -14,7 +14,7 @@ import anyio
 from anyio.abc import Listener, SocketStream
 
 from .backend import ProbeTargets
-from .temp_dirs import CANARY_PREFIX, make_directory
+from .temp_dirs import CANARY_PREFIX, make_owned_directory
 
 
 class ProbeHarness:
@@ -29,7 +29,7 @@ class ProbeHarness:
 
     @asynccontextmanager
     async def active(self) -> AsyncIterator[ProbeHarness]:
-        self._dir = make_directory(CANARY_PREFIX)
+        self._dir = make_owned_directory(CANARY_PREFIX)
         try:
             os.chmod(self._dir, 0o755)
             canary = os.path.join(self._dir, "canary")

@@ -42,21 +42,25 @@ def owner_tag() -> str:
     return f"{pid}.{start_time(pid) or 0}"
 
 
-def make_directory(prefix: str) -> str:
+def make_owned_directory(prefix: str) -> str:
     """A fresh private (0700) directory in the temporary directory, named for this host, made
-    after the leftovers of dead hosts there are gone."""
-    reap_once(tempfile.gettempdir())
+    after the leftovers of dead hosts there (of the core's kinds and of ``prefix``) are gone."""
+    reap_owned_once(tempfile.gettempdir(), tuple(sorted({*PREFIXES, prefix})))
     return tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-")
 
 
 @lru_cache(maxsize=8)
-def reap_once(directory: str) -> tuple[str, ...]:
-    """:func:`reap` the first time a directory is made in ``directory`` by this process."""
-    return tuple(reap(directory))
+def reap_owned_once(directory: str, prefixes: tuple[str, ...] = PREFIXES) -> tuple[str, ...]:
+    """:func:`reap_owned_directories` the first time this process makes a directory in
+    ``directory``."""
+    return tuple(reap_owned_directories(directory, prefixes))
 
 
-def reap(directory: str) -> list[str]:
-    """Remove the directories in ``directory`` made by host processes that no longer run, and
+def reap_owned_directories(
+    directory: str, prefixes: tuple[str, ...] = PREFIXES, *, everything: bool = False
+) -> list[str]:
+    """Remove the directories in ``directory`` named ``<prefix><owner>-...`` for one of
+    ``prefixes`` whose owner no longer runs (every one of them with ``everything``), and
     return their names. A directory whose owner cannot be read from its name is left alone."""
     # Imported here: workspace.py makes its directories through this module.
     from .workspace import remove_tree
@@ -67,8 +71,9 @@ def reap(directory: str) -> list[str]:
         return []
     removed = []
     for name in names:
-        owner = _owner(name)
-        if owner is None or _alive(*owner):
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        owner = None if prefix is None else owner_of(name[len(prefix) :])
+        if owner is None or (not everything and host_alive(*owner)):
             continue
         try:
             remove_tree(os.path.join(directory, name))
@@ -78,20 +83,19 @@ def reap(directory: str) -> list[str]:
     return removed
 
 
-def _owner(name: str) -> tuple[int, str] | None:
-    prefix = next((p for p in PREFIXES if name.startswith(p)), None)
-    if prefix is None:
-        return None
-    tag = name[len(prefix) :].split("-", 1)[0]
+def owner_of(name: str) -> tuple[int, str] | None:
+    """The host process (pid, start time) a name beginning with :func:`owner_tag` and a ``-``
+    was made by; None where the name does not begin so."""
+    tag = name.split("-", 1)[0]
     pid, _, started = tag.partition(".")
     if not pid.isdigit() or not started.isdigit():
         return None
     return int(pid), started
 
 
-def _alive(pid: int, started: str) -> bool:
-    if pid == os.getpid():
-        return True
+def host_alive(pid: int, started: str) -> bool:
+    """Whether the host process ``pid`` that started at ``started`` still runs (a reused pid
+    has another start time)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -14,7 +14,7 @@ import os
 import secrets
 import stat
 
-from .temp_dirs import WORKSPACE_PREFIX, make_directory
+from .temp_dirs import WORKSPACE_PREFIX, make_owned_directory
 
 #: How many directory descriptors one removal holds open at once. A program can nest
 #: directories far deeper than any fd limit; below this depth a subtree is moved up to the
@@ -34,7 +34,7 @@ DIRECTORY_FLAGS = (
 def create_workspace(owner: tuple[int, int] | None = None) -> str:
     """A fresh private directory (0700), owned by ``owner`` (uid, gid) when given, named for
     this host so that a later host removes it if this one is killed before it can."""
-    path = make_directory(WORKSPACE_PREFIX)
+    path = make_owned_directory(WORKSPACE_PREFIX)
     if owner is not None:
         os.chown(path, *owner)
     return path

@@ -5,14 +5,23 @@ directories found by walking /sys/fs/cgroup."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox, cgroups
+from psych_sandbox_core import (
+    DeploymentConfig,
+    ExecutionLimits,
+    ProfileConfig,
+    Sandbox,
+    cgroups,
+    temp_dirs,
+)
 from psych_sandbox_core.bindings import FunctionBindings
 from psych_sandbox_core.testing.host import marker, pids_with
 
@@ -79,7 +88,7 @@ def deployment() -> DeploymentConfig:
 def our_cgroups() -> list[Path]:
     """Per-execution cgroup directories this test process made, found by walking every
     mounted hierarchy (not by asking the code under test where it put them)."""
-    mine = f"{cgroups.PREFIX}subprocess-{os.getpid()}-"
+    mine = f"{cgroups.PREFIX}subprocess-{temp_dirs.owner_tag()}-"
     found = []
     for top, dirs, _ in os.walk("/sys/fs/cgroup"):
         found += [Path(top) / name for name in dirs if name.startswith(mine)]
@@ -141,3 +150,28 @@ async def test_without_a_cgroup_usage_is_not_measured(monkeypatch: pytest.Monkey
     assert result.usage.measured_by == "none"
     assert result.usage.cpu_seconds is None
     assert result.usage.peak_memory_bytes is None
+
+
+def test_leftover_cgroups_of_a_dead_host_are_removed_and_a_live_hosts_kept() -> None:
+    """A host that died before teardown left its execution's (empty) cgroup behind; the next
+    host removes it. Its name carries the owner's start time, so a pid reused by a live
+    process does not keep it, and a live host's own cgroup stays."""
+    host = cgroups.detect()
+    if isinstance(host, str):
+        pytest.skip(host)
+    pid = os.getpid()
+    dead = f"{cgroups.PREFIX}subprocess-{pid}.1-{uuid.uuid4().hex[:12]}"
+    alive = f"{cgroups.PREFIX}subprocess-{temp_dirs.owner_tag()}-{uuid.uuid4().hex[:12]}"
+    parents = list(dict.fromkeys(host.parents.values()))
+    try:
+        for parent in parents:
+            (parent / dead).mkdir()
+            (parent / alive).mkdir()
+        cgroups.remove_leftovers(host)
+        assert [p for p in parents if (p / dead).exists()] == []
+        assert [p for p in parents if not (p / alive).is_dir()] == []
+    finally:
+        for parent in parents:
+            for name in (dead, alive):
+                with contextlib.suppress(OSError):
+                    (parent / name).rmdir()

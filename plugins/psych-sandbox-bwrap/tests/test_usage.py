@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from bwrap_support import BWRAP_ROOT, PROFILE, config, needs, run
 from psych_sandbox_core import cgroups
+from psych_sandbox_core.backend_kit import owner_tag
 from psych_sandbox_core.testing.programs import cgroups_of_one_execution
 
 from psych_sandbox_bwrap.backend import DEFAULT_PIDS, PIDS_CGROUP_HEADROOM
@@ -30,7 +31,7 @@ pytestmark.append(needs_cgroups)
 def our_cgroups() -> list[Path]:
     """Per-execution cgroup directories this test process made, found by walking every
     mounted hierarchy (not by asking the code under test where it put them)."""
-    mine = f"{cgroups.PREFIX}bwrap-{os.getpid()}-"
+    mine = f"{cgroups.PREFIX}bwrap-{owner_tag()}-"
     found = []
     for top, dirs, _ in os.walk("/sys/fs/cgroup"):
         for name in dirs:
@@ -188,7 +189,7 @@ async def test_no_cgroup_left_in_any_hierarchy(ending: str) -> None:
             assert result.error is not None and result.error.kind.value == kind, result.error
     # The control: while the program ran, the host saw its cgroup in each hierarchy used.
     assert isinstance(HOST, cgroups.CgroupHost)
-    mine = f"{cgroups.PREFIX}bwrap-{os.getpid()}-"
+    mine = f"{cgroups.PREFIX}bwrap-{owner_tag()}-"
     made = {Path(path).parent for path in during if Path(path).name.startswith(mine)}
     assert made == set(HOST.parents.values()), during
     assert left == []

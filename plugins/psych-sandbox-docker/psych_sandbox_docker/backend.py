@@ -24,7 +24,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -53,6 +52,8 @@ from psych_sandbox_core.backend_kit import (
     hookimpl,
     host_is_root,
     leased_identity,
+    make_owned_directory,
+    remove_tree,
     wait_started,
 )
 from pydantic import Field, field_validator
@@ -353,7 +354,7 @@ class DockerBackend(Backend):
         cgroup_name = f"{owner.token}-{execution[:12]}"
         measured = self.is_root and self.engine == "docker" and bool(eng.cgroup_controllers())
         cgroup_made = measured
-        socket_dir = Path(tempfile.mkdtemp(prefix=f"{eng.SOCKET_DIR_PREFIX}{owner.token}-"))
+        socket_dir = Path(make_owned_directory(eng.SOCKET_DIR_PREFIX))
         channel = _ContainerChannel(socket_dir, child_path=f"{CHILD_RUN_DIR}/control.sock")
         container: _Container | None = None
         try:
@@ -785,9 +786,8 @@ class _Container(Launched):
 
 
 def _remove_tree(directory: Path) -> None:
-    import shutil
-
-    shutil.rmtree(directory, ignore_errors=True)
+    with suppress(OSError):
+        remove_tree(str(directory))
 
 
 _REAPED: set[str] = set()

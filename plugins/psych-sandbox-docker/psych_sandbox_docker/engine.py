@@ -20,6 +20,9 @@ from pathlib import Path
 from psych_sandbox_core import backend_kit
 from psych_sandbox_core.backend_kit import (
     EmptyCgroup,
+    host_alive,
+    owner_of,
+    reap_owned_directories,
     remove_cgroup_tree,
     remove_execution_cgroup,
     start_time,
@@ -87,8 +90,8 @@ class Owner:
 
     @property
     def token(self) -> str:
-        """Short form used in host paths (cgroup and socket directory names)."""
-        return f"{self.pid}-{self.started}"
+        """Short form used in cgroup names: the kit's owner tag of this host process."""
+        return f"{self.pid}.{self.started}"
 
     @classmethod
     def parse(cls, machine: str, label: str) -> Owner | None:
@@ -249,13 +252,9 @@ def reap_orphans(engine: str = "docker", *, everything: bool = False) -> list[st
     return doomed
 
 
-def _dead_token(token: str, everything: bool) -> bool:
-    pid, _, started = token.partition("-")
-    if not pid.isdigit():
-        return False
-    if everything:
-        return True
-    return start_time(int(pid)) != started.split("-", 1)[0]
+def _reaped(name: str, everything: bool) -> bool:
+    owner = owner_of(name)
+    return owner is not None and (everything or not host_alive(*owner))
 
 
 def _reap_host_leftovers(everything: bool) -> None:
@@ -266,14 +265,6 @@ def _reap_host_leftovers(everything: bool) -> None:
         except OSError:
             continue
         for entry in entries:
-            if entry.is_dir() and _dead_token(entry.name, everything):
+            if entry.is_dir() and _reaped(entry.name, everything):
                 _remove_parent(hierarchy, entry.name)
-    tmp = Path(tempfile.gettempdir())
-    try:
-        leftovers = [p for p in tmp.iterdir() if p.name.startswith(SOCKET_DIR_PREFIX)]
-    except OSError:
-        return
-    for directory in leftovers:
-        token = directory.name[len(SOCKET_DIR_PREFIX):]
-        if directory.is_dir() and not directory.is_symlink() and _dead_token(token, everything):
-            shutil.rmtree(directory, ignore_errors=True)
+    reap_owned_directories(tempfile.gettempdir(), (SOCKET_DIR_PREFIX,), everything=everything)

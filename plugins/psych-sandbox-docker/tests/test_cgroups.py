@@ -80,7 +80,7 @@ def test_reaper_removes_dead_hosts_cgroup_parents_in_every_hierarchy() -> None:
     included: the reaper removes them there too, and leaves a live host's alone."""
     me = eng.current_owner()
     # Our pid with another start time: the process that made it is gone.
-    dead = f"{me.pid}-0-{uuid.uuid4().hex[:12]}"
+    dead = f"{me.pid}.1-{uuid.uuid4().hex[:12]}"
     alive = f"{me.token}-{uuid.uuid4().hex[:12]}"
     points = [h.point for h in hierarchies()]
     try:
