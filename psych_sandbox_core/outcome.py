@@ -201,8 +201,8 @@ def failure_of(happened: Happened) -> ExecutionFailure | None:
 
 def _result_failure(result: ResultFrame) -> ExecutionFailure | None:
     """What the program's own result frame says (the conversation checked its shape)."""
-    if result.outcome == "returned":
-        return None
+    if result.outcome in ("returned", "exited"):
+        return None  # a command's exit status, whatever it is, is its answer (exit_status)
     if result.outcome == "raised" and result.error is not None:
         error = result.error
         kind = ErrorKind.MEMORY_LIMIT if error.type == "MemoryError" else ErrorKind.EXCEPTION
@@ -244,6 +244,14 @@ def returned_json(happened: Happened, failure: ExecutionFailure | None) -> str |
     return None
 
 
+def exit_status_of(happened: Happened, failure: ExecutionFailure | None) -> int | None:
+    """A command's exit status when it ran to its own exit and that is shown; else None."""
+    result = happened.result
+    if failure is None and result is not None and result.outcome == "exited":
+        return result.exit_status
+    return None
+
+
 def assemble(
     happened: Happened, failure: ExecutionFailure | None, kept: Preserved
 ) -> ExecutionResult:
@@ -264,6 +272,7 @@ def assemble(
         skipped_artifacts=kept.skipped,
         skipped_artifacts_unlisted=kept.skipped_unlisted,
         return_value=value,
+        exit_status=exit_status_of(h, failure),
         error=failure,
         level=level_of(h.grades),
         grades={g: h.grades[g] for g in Guarantee if g in h.grades},
