@@ -162,13 +162,13 @@ def failure_of(happened: Happened) -> ExecutionFailure | None:
     if h.timed_out:
         return ExecutionFailure.of(
             ErrorKind.TIMEOUT,
-            f"the program exceeded its wall-clock limit of {plan.limits.wall_seconds:g} s "
+            f"the {_what(plan)} exceeded its wall-clock limit of {plan.limits.wall_seconds:g} s "
             "and was killed",
         )
     if h.cpu_spent_with_host and h.host_cpu_seconds is not None:
         return ExecutionFailure.of(
             ErrorKind.TIMEOUT,
-            f"the program exceeded its CPU limit of {plan.limits.cpu_seconds} s and was "
+            f"the {_what(plan)} exceeded its CPU limit of {plan.limits.cpu_seconds} s and was "
             f"killed: {h.host_cpu_seconds:.2f} s of it were spent by the host searching "
             "tool results on its behalf (read_tool_output patterns)",
         )
@@ -185,7 +185,7 @@ def failure_of(happened: Happened) -> ExecutionFailure | None:
     if status is not None and _cpu_exhausted(status, plan.limits):
         return ExecutionFailure.of(
             ErrorKind.TIMEOUT,
-            f"the program exceeded its CPU limit of {plan.limits.cpu_seconds} s and was killed",
+            f"the {_what(plan)} exceeded its CPU limit of {plan.limits.cpu_seconds} s and was killed",
         )
     if status is not None and status.signal == signal.SIGABRT:
         return ExecutionFailure.of(
@@ -197,6 +197,10 @@ def failure_of(happened: Happened) -> ExecutionFailure | None:
     return ExecutionFailure.of(
         ErrorKind.WORKER_EXIT, f"the process running the program {how} before returning a result"
     )
+
+
+def _what(plan: ExecutionPlan) -> str:
+    return "program" if plan.command is None else "command"
 
 
 def _result_failure(result: ResultFrame) -> ExecutionFailure | None:
