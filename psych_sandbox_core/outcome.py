@@ -185,7 +185,8 @@ def failure_of(happened: Happened) -> ExecutionFailure | None:
     if status is not None and _cpu_exhausted(status, plan.limits):
         return ExecutionFailure.of(
             ErrorKind.TIMEOUT,
-            f"the {_what(plan)} exceeded its CPU limit of {plan.limits.cpu_seconds} s and was killed",
+            f"the {_what(plan)} exceeded its CPU limit of {plan.limits.cpu_seconds} s and was "
+            "killed",
         )
     if status is not None and status.signal == signal.SIGABRT:
         return ExecutionFailure.of(
