@@ -24,6 +24,9 @@ class TestDockerConformance(BackendConformance):
     backend = "docker"
     options: ClassVar[dict[str, Any]] = {"runtime": "runc"}
     level = "isolated"
+    runs_commands = True
+    # The image holds the interpreter and its libraries only: no /bin/sh.
+    has_shell = False
     enforced = frozenset(
         {"filesystem", "network", "process_tree", "identity", "memory", "process_count"}
     )
