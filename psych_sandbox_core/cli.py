@@ -188,7 +188,19 @@ def _input_options(values: Sequence[str]) -> dict[str, str]:
     return inputs
 
 
+def _bad_timeout(args: argparse.Namespace) -> bool:
+    """Whether --timeout is unusable (said on stderr), checked before anything is read."""
+    import math
+
+    if args.timeout is not None and not (args.timeout > 0 and math.isfinite(args.timeout)):
+        print("psych-sandbox: --timeout must be a positive, finite number", file=sys.stderr)
+        return True
+    return False
+
+
 def _command_run(args: argparse.Namespace) -> int:
+    if _bad_timeout(args):
+        return EXIT_USAGE
     try:
         source = _read_source(args.file)
     except _UsageError as exc:
@@ -212,6 +224,8 @@ def _command_run(args: argparse.Namespace) -> int:
 
 
 def _command_exec(args: argparse.Namespace) -> int:
+    if _bad_timeout(args):
+        return EXIT_USAGE
     argv = list(args.argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -238,11 +252,6 @@ def _command_exec(args: argparse.Namespace) -> int:
 def _execute(args: argparse.Namespace, start: Any) -> int:
     """Run one execution for ``run`` or ``exec`` (``start(sandbox, inputs, cancel)`` begins
     it), print its result, and say how it went in the exit status."""
-    import math
-
-    if args.timeout is not None and not (args.timeout > 0 and math.isfinite(args.timeout)):
-        print("psych-sandbox: --timeout must be a positive, finite number", file=sys.stderr)
-        return EXIT_USAGE
     try:
         inputs = _input_options(args.input)
     except _UsageError as exc:

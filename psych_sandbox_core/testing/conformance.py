@@ -582,7 +582,8 @@ class BackendConformance:
     # Commands go through the same child and teardown as programs, on every loop alike:
     # once, on asyncio.
 
-    def test_declares_whether_it_runs_commands(self) -> None:
+    @pytest.mark.anyio
+    async def test_declares_whether_it_runs_commands(self) -> None:
         registry = self.registry() or BackendRegistry()
         assert registry.get(self.backend).cls.runs_commands is self.runs_commands
 
