@@ -33,6 +33,7 @@ CALL_FRAME_ENVELOPE_BYTES = 4 * 1024
 #: No tool has a longer name (the envelope above counts on it). A copy of protocol/limits.py.
 MAX_TOOL_NAME_CHARS = 256
 MAIN_NAME = "__psych_main__"
+MAX_INPUT_NAME_CHARS = 255
 #: The shell of a command run in shell form (command mode), as ``SHELL -c COMMAND``.
 SHELL = "/bin/sh"
 #: Artifacts travel in chunks of exactly this many bytes (the last may be shorter); the walk
@@ -1294,7 +1295,7 @@ def write_inputs(inputs):
 
 def _safe_input_name(name):
     return (
-        0 < len(name) <= 255
+        0 < len(name) <= MAX_INPUT_NAME_CHARS
         and name not in (".", "..")
         and not any(c in name for c in "/\\\0")
     )

@@ -24,6 +24,8 @@ from psych_sandbox_core import (
     ProfileConfig,
     Sandbox,
     SyncSandbox,
+    bootstrap,
+    command,
 )
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
 from psych_sandbox_core.cli import main
@@ -32,7 +34,7 @@ from psych_sandbox_core.conversation import Close, Conversation, State
 from psych_sandbox_core.grading import Mechanisms
 from psych_sandbox_core.inputs import input_files
 from psych_sandbox_core.protocol import ResultFrame
-from psych_sandbox_core.protocol.limits import MAX_INPUT_BYTES, MAX_INPUTS
+from psych_sandbox_core.protocol.limits import MAX_INPUT_BYTES, MAX_INPUT_NAME_CHARS, MAX_INPUTS
 from psych_sandbox_core.provider_shapes import (
     gemini_code_execution_result,
     report_text,
@@ -114,6 +116,11 @@ async def test_a_bad_input_raises_before_any_child_starts(monkeypatch: pytest.Mo
     assert launched == []
 
 
+def test_the_bootstraps_copies_agree() -> None:
+    assert bootstrap.SHELL == command.SHELL
+    assert bootstrap.MAX_INPUT_NAME_CHARS == MAX_INPUT_NAME_CHARS
+
+
 # ------------------------------------------------------------------ the conversation
 
 
@@ -137,13 +144,13 @@ def test_only_a_commands_result_says_exited_and_a_command_never_returns() -> Non
         )
 
     assert ended(True, frame("exited", 3)).state is State.DONE
-    for command, forged in [
+    for is_command, forged in [
         (False, frame("exited", 0)),  # a program writing a command's result itself
         (True, frame("returned", None)),  # a bootstrap that ran the empty source instead
         (True, frame("exited", None)),
         (True, frame("invalid_output", 1)),
     ]:
-        assert ended(command, forged).state is State.VIOLATED, forged
+        assert ended(is_command, forged).state is State.VIOLATED, forged
 
 
 # ------------------------------------------------------------------ results
