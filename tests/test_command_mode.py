@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +199,17 @@ async def test_a_command_result_carries_its_exit_status_and_its_shapes() -> None
 
 
 @pytest.mark.anyio
+async def test_a_command_past_its_cpu_limit_is_a_timeout_as_a_program_is() -> None:
+    # Killed by its own CPU limit's signal, the command takes the bootstrap with it by the
+    # same signal: the host reads the ending as it reads a program's.
+    async with Sandbox(config(cpu_seconds=1)) as sandbox:
+        result = await sandbox.exec([PYTHON, "-c", "while True: pass"], profile=PROFILE)
+    assert result.error is not None and result.error.kind is ErrorKind.TIMEOUT, result.error
+    assert "command exceeded its CPU limit" in result.error.message
+    assert result.exit_status is None
+
+
+@pytest.mark.anyio
 async def test_a_backend_that_does_not_declare_commands_refuses_them_as_data(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -240,25 +249,20 @@ def test_the_sync_sandbox_runs_a_command() -> None:
 # ------------------------------------------------------------------ the CLI
 
 
-def test_exec_from_the_command_line(tmp_path: Path) -> None:
+def test_exec_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     given = tmp_path / "given.txt"
     given.write_text("hello")
     settings = tmp_path / "config.toml"
     settings.write_text(f'[profiles.{PROFILE}]\nbackend = "subprocess"\n')
-    completed = subprocess.run(
+    status = main(
         [
-            *(sys.executable, "-m", "psych_sandbox_core.cli", "exec", "--json"),
-            *("--config", str(settings), "--profile", PROFILE, "--input", f"{given}=in"),
+            *("exec", "--json", "--config", str(settings), "--profile", PROFILE),
+            *("--input", f"{given}=in"),
             *("--", PYTHON, "-c", "import sys; print(open('in').read()); sys.exit(4)"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        ]
     )
-    assert completed.returncode == 4, completed.stderr
-    data = json.loads(completed.stdout)
-    assert (data["exit_status"], data["stdout"]) == (4, "hello\n")
+    data = json.loads(capsys.readouterr().out)
+    assert (status, data["exit_status"], data["stdout"]) == (4, 4, "hello\n")
 
 
 @pytest.mark.parametrize(
