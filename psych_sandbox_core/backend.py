@@ -147,9 +147,19 @@ class Backend(ABC):
     #: The level this backend aims for on a host where it works; a report weaker than this
     #: gets the output withheld.
     claims: ClassVar[Level]
+    #: Whether a child of this backend runs commands (command mode, Sandbox.exec) as well as
+    #: programs: true of every backend whose child runs the bootstrap where a process can
+    #: start another. A profile whose backend does not gets a refusal as data.
+    runs_commands: ClassVar[bool] = False
 
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
+
+    def workspace_bytes(self) -> int | None:
+        """The workspace's size cap when this backend enforces one (its ``workspace_bytes``
+        option): files given to a run (inputs=) must fit in it. None: no cap known here."""
+        value = getattr(self.options, "workspace_bytes", None)
+        return value if isinstance(value, int) else None
 
     @abstractmethod
     def unavailable_reason(self) -> str | None:

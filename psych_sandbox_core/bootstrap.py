@@ -33,6 +33,9 @@ CALL_FRAME_ENVELOPE_BYTES = 4 * 1024
 #: No tool has a longer name (the envelope above counts on it). A copy of protocol/limits.py.
 MAX_TOOL_NAME_CHARS = 256
 MAIN_NAME = "__psych_main__"
+MAX_INPUT_NAME_CHARS = 255
+#: The shell of a command run in shell form (command mode), as ``SHELL -c COMMAND``.
+SHELL = "/bin/sh"
 #: Artifacts travel in chunks of exactly this many bytes (the last may be shorter); the walk
 #: examines at most this many entries, this deep. Copies of protocol/limits.py.
 ARTIFACT_CHUNK_BYTES = 1024 * 1024
@@ -258,7 +261,10 @@ class Channel:
         """Return once every call sent has its reply, even those the program stopped waiting
         for: a host that answers one call at a time reads the result only after answering
         the calls before it, and must find this process there to take those replies."""
-        with self.state:
+        state = getattr(self, "state", None)
+        if state is None:
+            return  # no program ran (a command, or inputs that could not be written)
+        with state:
             if not getattr(self, "waiters", None):
                 return
             self.settled = _thread.allocate_lock()
@@ -1229,6 +1235,72 @@ def run_program(channel, frame):
     return {"outcome": "returned", "value_json": encoded}
 
 
+def run_command(spec):
+    """Command mode: run the command as this process's child, in everything this process is
+    in (its namespaces, cgroup, identity, limits, session and process group), with fd 1 and
+    2 as its own, and no other descriptor of ours: the channel stays here. Its exit status is
+    the result. A command killed by a signal takes this process with it by the same signal,
+    so the host reads that ending exactly as it would a program's (a CPU limit's SIGXCPU is a
+    timeout, and so on)."""
+    import subprocess
+
+    argv = spec.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        return {"outcome": "raised", "error": describe_exception(ValueError("no command"))}
+    if spec.get("shell") is True:
+        argv = [SHELL, "-c", argv[0]]
+    try:
+        command = subprocess.Popen(argv, close_fds=True)
+    except OSError as exc:
+        # As a shell says it: 127 for a program not found, 126 for one that cannot run.
+        missing = isinstance(exc, FileNotFoundError)
+        why = "command not found" if missing else (exc.strerror or str(exc))
+        _write_all(2, f"{argv[0]}: {why}\n".encode("utf-8", "replace"))
+        return {"outcome": "exited", "exit_status": 127 if missing else 126}
+    except (ValueError, TypeError) as exc:
+        return {"outcome": "raised", "error": describe_exception(exc)}
+    status = command.wait()
+    if status < 0:
+        _die_of(-status)
+        os._exit(128 - status)  # a signal this process cannot die of (none should be left)
+    return {"outcome": "exited", "exit_status": status}
+
+
+def write_inputs(inputs):
+    """Write the run's input files into the workspace (this process's working directory,
+    fresh, not yet touched by any program): each created anew, never through a link. None,
+    or the error of the first that could not be written (the workspace's cap reached)."""
+    import binascii
+
+    for item in inputs:
+        name = item.get("name") if isinstance(item, dict) else None
+        try:
+            if not isinstance(name, str) or not _safe_input_name(name):
+                raise ValueError(f"{name!r} cannot name an input file")
+            data = binascii.a2b_base64(item.get("data") or "")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            fd = os.open(name, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+        except (OSError, ValueError, binascii.Error) as exc:
+            if isinstance(exc, OSError):
+                exc = OSError(exc.errno, f"writing input file {name!r}: {exc.strerror}")
+            return {"outcome": "raised", "error": describe_exception(exc)}
+    return None
+
+
+def _safe_input_name(name):
+    return (
+        0 < len(name) <= MAX_INPUT_NAME_CHARS
+        and name not in (".", "..")
+        and not any(c in name for c in "/\\\0")
+    )
+
+
 def _not_awaited(what, line):
     error = describe_exception(NotAwaitedError(_not_awaited_message(what, line)))
     error["line"] = line
@@ -1663,16 +1735,21 @@ def _exit_like(pid, report):
         status = int(reported)  # the program's own status, as init saw it
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
-        import resource
-        import signal
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        try:
-            signal.signal(-code, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass  # SIGKILL and SIGSTOP cannot be handled, nor need to be
-        os.kill(os.getpid(), -code)
+        _die_of(-code)
     os._exit(code)
+
+
+def _die_of(signum):
+    """End this process by ``signum``, as the process it stands for ended (no core file)."""
+    import resource
+    import signal
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass  # SIGKILL and SIGSTOP cannot be handled, nor need to be
+    os.kill(os.getpid(), signum)
 
 
 def _reap_as_init(program, report):
@@ -1778,9 +1855,13 @@ def main(argv):
     request = frame.get("artifacts")
     # Taken before the program runs: it may change directory or rename the workspace away.
     workspace = _open_workspace() if request else None
+    # Written before the limits apply, as the host's own files would be (it checked them).
+    result = write_inputs(frame.get("inputs") or [])
     apply_limits(frame.get("limits") or {})
     end_marker = frame.get("end_marker")
-    result = run_program(channel, frame)
+    if result is None:
+        command = frame.get("command")
+        result = run_command(command) if command else run_program(channel, frame)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -1799,6 +1880,8 @@ def main(argv):
         "error": result.get("error"),
         "detail": result.get("detail"),
     }
+    if result["outcome"] == "exited":
+        frame["exit_status"] = result["exit_status"]
     with channel.lock:
         if request:
             send_artifacts(channel, request, workspace)

@@ -2,7 +2,8 @@
 
 Exit status: 0 when the program succeeded, 1 when it failed, 2 for usage or configuration
 errors, 128 + the signal's number when SIGINT, SIGTERM or SIGHUP cancelled the run (130, 143,
-129).
+129). ``exec`` exits with the command's own exit status when it ran to its exit, and as
+``run`` does otherwise (1 for a timeout, a limit or a refusal).
 
 Human output shows everything foreign through :func:`visible.visible`: the program's streams
 and tracebacks as blocks of lines under a gutter, and every line of the run's report starting
@@ -52,25 +53,46 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run one program and report its result")
     run.add_argument("file", help="the program's source file, or - for standard input")
-    run.add_argument("--profile", default="default", help="profile name (default: default)")
-    run.add_argument(
-        "--timeout", type=float, default=None, help="wall-clock limit in seconds (narrows only)"
+    exec_ = commands.add_parser(
+        "exec",
+        help="run one command where a program would run (same containment, limits, grades)",
+        description="Run one command in the sandbox: psych-sandbox exec [options] -- ARGV... "
+        "runs ARGV without a shell; with --shell, its one argument is run by /bin/sh -c.",
     )
-    run.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    run.add_argument(
-        "--explain",
-        action="store_true",
-        help="also print the guidance a failure carries for a model",
-    )
-    run.add_argument(
-        "--artifacts",
-        default=None,
-        metavar="DIR",
-        help="write the files the program left in its workspace to DIR (never overwrites)",
-    )
+    for command in (run, exec_):
+        command.add_argument("--profile", default="default", help="profile name (default: default)")
+        command.add_argument(
+            "--timeout",
+            type=float,
+            default=None,
+            help="wall-clock limit in seconds (narrows only)",
+        )
+        command.add_argument("--json", action="store_true", help="print exactly one JSON object")
+        command.add_argument(
+            "--explain",
+            action="store_true",
+            help="also print the guidance a failure carries for a model",
+        )
+        command.add_argument(
+            "--artifacts",
+            default=None,
+            metavar="DIR",
+            help="write the files left in the workspace to DIR (never overwrites)",
+        )
+        command.add_argument(
+            "--input",
+            action="append",
+            default=[],
+            metavar="PATH[=NAME]",
+            help="place the file PATH in the workspace (as NAME) before it starts; repeatable",
+        )
     run.add_argument(
         "--tools", default=None, help="a Python file whose plain functions the program may call"
     )
+    exec_.add_argument(
+        "--shell", action="store_true", help="run the one argument given with /bin/sh -c"
+    )
+    exec_.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command's arguments")
     doctor = commands.add_parser("doctor", help="what this host can promise: backends, grades")
     doctor.add_argument("--json", action="store_true", help="print exactly one JSON object")
     profiles = commands.add_parser("profiles", help="list the configured profiles")
@@ -94,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--profile", required=True, help="the profile to serve")
     serve.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to listen on")
-    for command in (run, doctor, profiles, mcp, serve):
+    for command in (run, exec_, doctor, profiles, mcp, serve):
         command.add_argument(
             "--config",
             default=None,
@@ -152,14 +174,86 @@ class _UsageError(Exception):
     pass
 
 
-def _command_run(args: argparse.Namespace) -> int:
+def _input_options(values: Sequence[str]) -> dict[str, str]:
+    """``--input PATH[=NAME]`` options as inputs= (NAME defaults to PATH's last component)."""
+    import os
+
+    inputs: dict[str, str] = {}
+    for value in values:
+        path, _, name = value.rpartition("=") if "=" in value else (value, "", "")
+        name = name or os.path.basename(path)
+        if not path or name in inputs:
+            raise _UsageError(f"--input {value}: " + ("no path" if not path else "name taken"))
+        inputs[name] = path
+    return inputs
+
+
+def _bad_timeout(args: argparse.Namespace) -> bool:
+    """Whether --timeout is unusable (said on stderr), checked before anything is read."""
     import math
 
     if args.timeout is not None and not (args.timeout > 0 and math.isfinite(args.timeout)):
         print("psych-sandbox: --timeout must be a positive, finite number", file=sys.stderr)
+        return True
+    return False
+
+
+def _command_run(args: argparse.Namespace) -> int:
+    if _bad_timeout(args):
         return EXIT_USAGE
     try:
         source = _read_source(args.file)
+    except _UsageError as exc:
+        print(f"psych-sandbox: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    from .bindings import load_function_tools
+
+    bindings = load_function_tools(args.tools) if args.tools is not None else None
+
+    def start(sandbox: Sandbox, inputs: dict[str, str], cancel: anyio.Event) -> Any:
+        return sandbox.run(
+            source,
+            profile=args.profile,
+            timeout=args.timeout,
+            bindings=bindings,
+            cancel=cancel,
+            inputs=inputs,
+        )
+
+    return _execute(args, start)
+
+
+def _command_exec(args: argparse.Namespace) -> int:
+    if _bad_timeout(args):
+        return EXIT_USAGE
+    argv = list(args.argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("psych-sandbox: exec needs a command: exec [options] -- ARGV...", file=sys.stderr)
+        return EXIT_USAGE
+    if args.shell and len(argv) != 1:
+        print("psych-sandbox: with --shell, give the command as one argument", file=sys.stderr)
+        return EXIT_USAGE
+
+    def start(sandbox: Sandbox, inputs: dict[str, str], cancel: anyio.Event) -> Any:
+        return sandbox.exec(
+            argv[0] if args.shell else argv,
+            shell=args.shell,
+            profile=args.profile,
+            timeout=args.timeout,
+            cancel=cancel,
+            inputs=inputs,
+        )
+
+    return _execute(args, start)
+
+
+def _execute(args: argparse.Namespace, start: Any) -> int:
+    """Run one execution for ``run`` or ``exec`` (``start(sandbox, inputs, cancel)`` begins
+    it), print its result, and say how it went in the exit status."""
+    try:
+        inputs = _input_options(args.input)
     except _UsageError as exc:
         print(f"psych-sandbox: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -174,14 +268,12 @@ def _command_run(args: argparse.Namespace) -> int:
     import anyio
 
     from .artifact_export import ArtifactExportError
-    from .bindings import load_function_tools
     from .blobstore import FilesystemBlobStore
     from .cli_render import print_notes, print_summary, result_as_json
+    from .errors import InvalidRequestError
     from .sandbox import Sandbox
     from .selection_cache import SelectionCache
     from .visible import visible
-
-    bindings = load_function_tools(args.tools) if args.tools is not None else None
 
     received: list[int] = []
 
@@ -224,13 +316,7 @@ def _command_run(args: argparse.Namespace) -> int:
             async with Sandbox(
                 args.config, blob_store=blob_store, selection_cache=SelectionCache()
             ) as sandbox:
-                outcome = await sandbox.run(
-                    source,
-                    profile=args.profile,
-                    timeout=args.timeout,
-                    bindings=bindings,
-                    cancel=cancel,
-                )
+                outcome: ExecutionResult = await start(sandbox, inputs, cancel)
                 if args.artifacts is not None:
                     await _write_artifacts(sandbox, outcome, args.artifacts)
                 return outcome
@@ -239,6 +325,9 @@ def _command_run(args: argparse.Namespace) -> int:
         result = anyio.run(run)
     except ArtifactExportError as exc:
         print(f"psych-sandbox: --artifacts: {visible(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    except InvalidRequestError as exc:
+        print(f"psych-sandbox: {visible(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     try:
         if args.json:
@@ -260,6 +349,8 @@ def _command_run(args: argparse.Namespace) -> int:
         os.close(devnull)
     if received:
         return 128 + received[0]
+    if result.exit_status is not None:
+        return result.exit_status
     return EXIT_OK if result.ok else EXIT_PROGRAM_FAILED
 
 
@@ -346,6 +437,7 @@ def _command_serve(args: argparse.Namespace) -> int:
 
 _COMMANDS = {
     "run": _command_run,
+    "exec": _command_exec,
     "doctor": _command_doctor,
     "profiles": _command_profiles,
     "mcp": _command_mcp,

@@ -52,7 +52,9 @@ def print_summary(
     info = result.stdout_info
     if info.dropped_bytes:
         say(f"stdout: {info.dropped_bytes} bytes past the capture cap were dropped")
-    if result.error is None:
+    if result.error is None and result.exit_status is not None:
+        say(f"exit status: {result.exit_status}")  # a command's (psych-sandbox exec)
+    elif result.error is None:
         say(f"returned: {visible(json.dumps(result.return_value))}")
     else:
         error = result.error

@@ -29,8 +29,10 @@ from .protocol import (
     CallFrame,
     ChildFrame,
     ChildLimits,
+    CommandSpec,
     HelloFrame,
     HostFrame,
+    InputFile,
     ResultFrame,
     RunFrame,
 )
@@ -143,6 +145,10 @@ class ProgramTerms:
     catalogue: list[CatalogueEntry] | None = None
     #: How many of the program's calls may be in flight at once (None: the child's default).
     calls_in_flight: int | None = None
+    #: A command to run instead of the source (command mode).
+    command: CommandSpec | None = None
+    #: Files the child places in its workspace first.
+    inputs: tuple[InputFile, ...] = ()
 
     @property
     def refused(self) -> bool:
@@ -175,6 +181,8 @@ class Conversation:
         self.collector: ChannelCollector | None = None
         self._value_cap = 0
         self._pending: ResultFrame | None = None
+        #: The run frame carried a command: only its result may say "exited".
+        self._command = False
 
     # ------------------------------------------------------------------ child frames
 
@@ -249,6 +257,15 @@ class Conversation:
         # bootstrap's own checks.
         if frame.outcome == "raised" and frame.error is None:
             return self._violated("a result frame with outcome 'raised' carries no error")
+        if (frame.outcome == "exited") != (frame.exit_status is not None) or (
+            frame.outcome == "exited" and not self._command
+        ):
+            return self._violated(
+                "a result frame's exit status belongs to outcome 'exited', of a command only"
+            )
+        if self._command and frame.outcome not in ("exited", "raised"):
+            # A bootstrap that does not know command mode ran the empty source instead.
+            return self._violated(f"a command's result has outcome {frame.outcome!r}")
         if frame.outcome != "returned" or frame.value_json is None:
             return self.value_decoded(None, frame)
         self._pending = frame
@@ -291,6 +308,7 @@ class Conversation:
                 self.refusal = refusal
             return [Send(AbortFrame(reason=refusal.message)), Close()]
         self.collector = terms.collector
+        self._command = terms.command is not None
         limits = terms.limits
         self._value_cap = limits.return_value_bytes
         return [
@@ -304,6 +322,8 @@ class Conversation:
             Send(
                 RunFrame(
                     source=terms.source,
+                    command=terms.command,
+                    inputs=list(terms.inputs) or None,
                     tools=terms.tools,
                     catalogue=terms.catalogue,
                     limits=ChildLimits(

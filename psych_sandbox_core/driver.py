@@ -335,6 +335,8 @@ class ChildDriver:
             cancelled=self.cancelled,
             collector=wanted if isinstance(wanted, ChannelCollector) else None,
             end_marker=end_marker,
+            command=plan.command,
+            inputs=plan.inputs,
         )
         if not terms.refused:
             self._calls = calls

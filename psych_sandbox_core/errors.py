@@ -11,6 +11,8 @@ Exception tree::
     │   ├── UnknownBackendError     a backend id no installed plugin provides
     │   └── InterpreterNotFoundError  an interpreter that cannot be resolved
     ├── SandboxClosedError          run() called after close()
+    ├── InvalidRequestError         a run's own arguments no execution can take (a command,
+    │                               inputs=: names, sizes, count); also a ValueError
     └── ProtocolViolation           internal: a child broke the wire protocol
                                     (never escapes the host; becomes protocol_error)
 """
@@ -42,6 +44,11 @@ class InterpreterNotFoundError(ConfigurationError):
 
 class SandboxClosedError(SandboxError):
     """The sandbox was used after it was closed."""
+
+
+class InvalidRequestError(SandboxError, ValueError):
+    """A call's own arguments that no execution can take: a command or files given to the
+    run (inputs=). Raised by the call, before anything starts; the caller's mistake."""
 
 
 class ProtocolViolation(SandboxError):

@@ -162,13 +162,13 @@ def failure_of(happened: Happened) -> ExecutionFailure | None:
     if h.timed_out:
         return ExecutionFailure.of(
             ErrorKind.TIMEOUT,
-            f"the program exceeded its wall-clock limit of {plan.limits.wall_seconds:g} s "
+            f"the {_what(plan)} exceeded its wall-clock limit of {plan.limits.wall_seconds:g} s "
             "and was killed",
         )
     if h.cpu_spent_with_host and h.host_cpu_seconds is not None:
         return ExecutionFailure.of(
             ErrorKind.TIMEOUT,
-            f"the program exceeded its CPU limit of {plan.limits.cpu_seconds} s and was "
+            f"the {_what(plan)} exceeded its CPU limit of {plan.limits.cpu_seconds} s and was "
             f"killed: {h.host_cpu_seconds:.2f} s of it were spent by the host searching "
             "tool results on its behalf (read_tool_output patterns)",
         )
@@ -185,7 +185,8 @@ def failure_of(happened: Happened) -> ExecutionFailure | None:
     if status is not None and _cpu_exhausted(status, plan.limits):
         return ExecutionFailure.of(
             ErrorKind.TIMEOUT,
-            f"the program exceeded its CPU limit of {plan.limits.cpu_seconds} s and was killed",
+            f"the {_what(plan)} exceeded its CPU limit of {plan.limits.cpu_seconds} s and was "
+            "killed",
         )
     if status is not None and status.signal == signal.SIGABRT:
         return ExecutionFailure.of(
@@ -199,10 +200,14 @@ def failure_of(happened: Happened) -> ExecutionFailure | None:
     )
 
 
+def _what(plan: ExecutionPlan) -> str:
+    return "program" if plan.command is None else "command"
+
+
 def _result_failure(result: ResultFrame) -> ExecutionFailure | None:
     """What the program's own result frame says (the conversation checked its shape)."""
-    if result.outcome == "returned":
-        return None
+    if result.outcome in ("returned", "exited"):
+        return None  # a command's exit status, whatever it is, is its answer (exit_status)
     if result.outcome == "raised" and result.error is not None:
         error = result.error
         kind = ErrorKind.MEMORY_LIMIT if error.type == "MemoryError" else ErrorKind.EXCEPTION
@@ -244,6 +249,14 @@ def returned_json(happened: Happened, failure: ExecutionFailure | None) -> str |
     return None
 
 
+def exit_status_of(happened: Happened, failure: ExecutionFailure | None) -> int | None:
+    """A command's exit status when it ran to its own exit and that is shown; else None."""
+    result = happened.result
+    if failure is None and result is not None and result.outcome == "exited":
+        return result.exit_status
+    return None
+
+
 def assemble(
     happened: Happened, failure: ExecutionFailure | None, kept: Preserved
 ) -> ExecutionResult:
@@ -264,6 +277,7 @@ def assemble(
         skipped_artifacts=kept.skipped,
         skipped_artifacts_unlisted=kept.skipped_unlisted,
         return_value=value,
+        exit_status=exit_status_of(h, failure),
         error=failure,
         level=level_of(h.grades),
         grades={g: h.grades[g] for g in Guarantee if g in h.grades},

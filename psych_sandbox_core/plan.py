@@ -9,6 +9,7 @@ import anyio
 from .bindings import CallServer
 from .grading import Level
 from .preservation import OutputContext
+from .protocol.frames import CommandSpec, InputFile
 from .result import BackendIdentity, ExecutionFailure
 from .terms import ExecutionLimits
 
@@ -17,6 +18,7 @@ from .terms import ExecutionLimits
 class ExecutionPlan:
     """The narrowed terms of one execution (see terms.py and profiles.py)."""
 
+    #: The program's text ("" for a command).
     source: str
     limits: ExecutionLimits
     profile: str
@@ -36,3 +38,7 @@ class ExecutionPlan:
     refusal: ExecutionFailure | None = None
     #: Previews, attachments and artifacts (see attachments.py); None gives previews only.
     output: OutputContext | None = None
+    #: Command mode: run this instead of a program (see command.py).
+    command: CommandSpec | None = None
+    #: Files the child places in its workspace before the program starts (see inputs.py).
+    inputs: tuple[InputFile, ...] = ()

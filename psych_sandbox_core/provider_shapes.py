@@ -17,6 +17,11 @@ function caps what it hands back (in characters, the unit the providers count in
 the result holds, and none of them raises, whatever the result or the limits passed (a limit
 that is not a non-negative number counts as absent; the model writes ``max_output_length``).
 A cut keeps a head and a tail and says how much was left out between them.
+
+A command's result (command mode, Sandbox.exec) carries its exit status: it is the
+``exit_code`` of a shell_call_output, ``exit_status`` in a report, and a status other than 0 is
+Gemini's ``OUTCOME_FAILED``; a command that did not exit on its own (a timeout, a limit) is
+described as a program's failure is.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from .result import ExecutionResult
 #: enough that a few results do not crowd a context window.
 DEFAULT_MAX_CHARS = 40_000
 
-#: Exit codes in a shell_call_output outcome: the CLI's statuses (0 succeeded, 1 failed).
+#: Exit codes in a shell_call_output outcome for a program: the CLI's statuses (0 succeeded,
+#: 1 failed). A command's is its own exit status.
 EXIT_OK = 0
 EXIT_FAILED = 1
 
@@ -57,9 +63,9 @@ def anthropic_tool_result(
 
 
 def report_text(result: ExecutionResult, *, max_chars: int = DEFAULT_MAX_CHARS) -> str:
-    """The result as one JSON object, at most ``max_chars`` characters: ``ok``, ``stdout``,
-    ``stderr``, then ``return_value`` when it succeeded or ``error`` (``kind``, ``message``,
-    ``traceback``, ``guidance``) when it failed.
+    """The result as one JSON object, at most ``max_chars`` characters: ``ok``, a command's
+    ``exit_status``, ``stdout``, ``stderr``, then ``return_value`` when it succeeded or
+    ``error`` (``kind``, ``message``, ``traceback``, ``guidance``) when it failed.
 
     JSON rather than labelled prose, because the program's text is untrusted: a program that
     prints ``error: none`` cannot pass it off as a field. When everything does not fit, each
@@ -74,8 +80,10 @@ def report_text(result: ExecutionResult, *, max_chars: int = DEFAULT_MAX_CHARS) 
 
 
 def _report_fields(result: ExecutionResult) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "ok": _ok(result),
+    fields: dict[str, Any] = {"ok": _ok(result)}
+    if _exit_status(result) is not None:
+        fields["exit_status"] = _exit_status(result)
+    fields |= {
         "stdout": _Piece.of_stream(result.stdout, result.stdout_info),
         "stderr": _Piece.of_stream(result.stderr, result.stderr_info),
     }
@@ -171,7 +179,7 @@ def shell_call_output(
         if _kind_of(result) == ErrorKind.TIMEOUT.value:
             outcome = {"type": "timeout"}
         else:
-            outcome = {"type": "exit", "exit_code": EXIT_OK if _ok(result) else EXIT_FAILED}
+            outcome = {"type": "exit", "exit_code": _exit_code(result)}
         outputs.append({"stdout": stdout, "stderr": stderr, "outcome": outcome})
     item: dict[str, Any] = {"type": "shell_call_output", "call_id": str(call_id), "output": outputs}
     if model_limit is not None:
@@ -193,7 +201,9 @@ def gemini_code_execution_result(
     """
     kind = _kind_of(result)
     stdout, stderr = _streams(result)
-    if kind is None:
+    if kind is None and _exit_status(result) not in (None, 0):
+        outcome = "OUTCOME_FAILED"  # a command that exited non-zero: stderr says why
+    elif kind is None:
         outcome, stderr = "OUTCOME_OK", _Piece("")
     elif kind == ErrorKind.TIMEOUT.value:
         outcome = "OUTCOME_DEADLINE_EXCEEDED"
@@ -343,6 +353,21 @@ def _clean(text: object) -> str:
 
 def _ok(result: ExecutionResult) -> bool:
     return getattr(result, "error", None) is None
+
+
+def _exit_status(result: ExecutionResult) -> int | None:
+    """A command's exit status, when the result holds a valid one."""
+    status = getattr(result, "exit_status", None)
+    valid = isinstance(status, int) and not isinstance(status, bool) and 0 <= status <= 255
+    return status if valid else None
+
+
+def _exit_code(result: ExecutionResult) -> int:
+    """A shell_call_output's exit code: a command's own status, else the CLI's."""
+    status = _exit_status(result)
+    if status is not None:
+        return status
+    return EXIT_OK if _ok(result) else EXIT_FAILED
 
 
 def _kind(kind: object) -> str:

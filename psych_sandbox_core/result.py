@@ -193,6 +193,11 @@ class ExecutionResult(BaseModel):
     stderr_info: StreamOutput
     #: The program's return value (JSON data); None when it returned nothing or failed.
     return_value: Any = None
+    #: Command mode: the command's exit status (0-255) when it ran to its own exit; None
+    #: for a program, and for a command that did not (a timeout, a limit, a refusal: see
+    #: error). A command that exits non-zero has no error: its status is its answer. Left
+    #: out of the JSON form when None.
+    exit_status: int | None = None
     error: ExecutionFailure | None
     #: The level the grades earn, and the grades themselves.
     level: Level
@@ -215,8 +220,18 @@ class ExecutionResult(BaseModel):
     #: What a person should know that is not a failure (see ExecutionNote).
     notes: list[ExecutionNote] = Field(default_factory=list)
 
+    @model_serializer(mode="wrap")
+    def _without_exit_status(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A program's result has no exit status: its JSON form stays as it was (pinned).
+        data: dict[str, Any] = handler(self)
+        if self.exit_status is None:
+            data.pop("exit_status", None)
+        return data
+
     @property
     def ok(self) -> bool:
+        """Whether it ran to its end: a program returned, a command exited (see
+        exit_status for how)."""
         return self.error is None
 
     def to_json_object(self) -> dict[str, Any]:
@@ -247,6 +262,8 @@ class _Section:
 def _model_view(result: ExecutionResult, max_chars: int, reader: str | None) -> str:
     error = result.error
     status = "ok" if error is None else f"failed: {error.kind.value}: {error.message}"
+    if error is None and result.exit_status is not None:
+        status = f"exit status {result.exit_status}"
     sections = []
     for label, text, info in (
         ("stdout", result.stdout, result.stdout_info),

@@ -6,6 +6,8 @@ import dataclasses
 import difflib
 import os
 import uuid
+from collections.abc import Sequence
+from functools import partial
 
 import anyio
 from anyio.abc import TaskGroup
@@ -14,6 +16,7 @@ from .attachments import DEFAULT_RUNS_IN_MEMORY, DEFAULT_WINDOW_BYTES, Attachmen
 from .backend import Backend
 from .bindings import BindingProvider, CallServer, ExecutionScope, ToolSpec
 from .blobstore import BlobStore
+from .command import command_spec
 from .config import ConfigSource, check_config, create_backend, resolve_config
 from .errors import (
     ConfigurationError,
@@ -24,6 +27,7 @@ from .errors import (
 )
 from .grading import level_at_least
 from .host import ExecutionPlan, execute
+from .inputs import Inputs, input_files
 from .narrowing import (
     BackendCapability,
     ExecutionRequest,
@@ -37,6 +41,7 @@ from .pattern_search import SearchResult
 from .pool import WarmPool
 from .preservation import OutputContext
 from .profiles import DEFAULT_PROFILE, ProfileConfig
+from .protocol.frames import CommandSpec, InputFile
 from .registry import BackendRegistry
 from .result import BackendIdentity, ExecutionFailure, ExecutionResult
 from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
@@ -167,18 +172,86 @@ class Sandbox:
         run_id: str | None = None,
         cancel: anyio.Event | None = None,
         require_preservation: bool = False,
+        inputs: Inputs | None = None,
     ) -> ExecutionResult:
-        """Run one program. Raises only for misuse (closed sandbox) or configuration.
+        """Run one program. Raises only for misuse (closed sandbox, inputs it cannot take:
+        InvalidRequestError) or configuration.
 
         The terms are the intersection of the backend's capability, ``policy``, ``request``
         (``timeout`` is a shortcut that narrows its wall clock) and the profile's caps. A
         request that cannot be met is a refusal on the result, never an exception.
+        ``inputs`` maps file names to bytes or host paths: those files are in the program's
+        workspace when it starts (see docs/embedding.md).
         """
         if self._closed:
             raise SandboxClosedError("run() called on a closed Sandbox")
         if not isinstance(source, str):
             raise TypeError("source must be a str")
-        request = request_for(request, profile, timeout)
+        return await self._execute(
+            source,
+            None,
+            inputs,
+            request_for(request, profile, timeout),
+            bindings=bindings,
+            policy=policy,
+            tenant=tenant,
+            run_id=run_id,
+            cancel=cancel,
+            require_preservation=require_preservation,
+        )
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        shell: bool = False,
+        profile: str | None = None,
+        timeout: float | None = None,
+        request: ExecutionRequest | None = None,
+        policy: TenantPolicy | None = None,
+        tenant: str = "default",
+        run_id: str | None = None,
+        cancel: anyio.Event | None = None,
+        require_preservation: bool = False,
+        inputs: Inputs | None = None,
+    ) -> ExecutionResult:
+        """Run one command where a program would run: the same containment, limits, grades,
+        output caps and workspace (command mode, docs/command-mode.md). ``command`` is an
+        argument vector run without a shell; only with ``shell=True`` is it one string run
+        by ``/bin/sh -c``. The result's ``exit_status`` is the command's when it ran to its
+        own exit; a timeout, a limit or a refusal is its ``error`` as for a program, and a
+        profile whose backend does not run commands is refused (policy_refused). Raises only
+        for misuse (InvalidRequestError for a command or inputs no run can take)."""
+        if self._closed:
+            raise SandboxClosedError("exec() called on a closed Sandbox")
+        spec = command_spec(command, shell=shell)
+        return await self._execute(
+            "",
+            spec,
+            inputs,
+            request_for(request, profile, timeout),
+            bindings=None,
+            policy=policy,
+            tenant=tenant,
+            run_id=run_id,
+            cancel=cancel,
+            require_preservation=require_preservation,
+        )
+
+    async def _execute(
+        self,
+        source: str,
+        command: CommandSpec | None,
+        inputs: Inputs | None,
+        request: ExecutionRequest,
+        *,
+        bindings: BindingProvider | None,
+        policy: TenantPolicy | None,
+        tenant: str,
+        run_id: str | None,
+        cancel: anyio.Event | None,
+        require_preservation: bool,
+    ) -> ExecutionResult:
         loaded = await self._load(request.profile)
         terms = narrow(
             BackendCapability.of(type(loaded.backend)),
@@ -187,6 +260,18 @@ class Sandbox:
             loaded.name,
             loaded.config,
         )
+        limits = terms.limits
+        files: tuple[InputFile, ...] = ()
+        if inputs:
+            # Checked and read before anything starts (a host file read off the event loop).
+            files = await anyio.to_thread.run_sync(
+                partial(
+                    input_files,
+                    inputs,
+                    file_size_bytes=limits.file_size_bytes,
+                    workspace_bytes=loaded.backend.workspace_bytes(),
+                )
+            )
         refusal = terms.refusal
         if (
             loaded.selection is not None
@@ -197,7 +282,12 @@ class Sandbox:
             refusal = refusal.model_copy(
                 update={"message": f"{refusal.message}; {loaded.selection.fix()}"}
             )
-        limits = terms.limits
+        if command is not None and not type(loaded.backend).runs_commands:
+            refusal = refusal or ExecutionFailure.of(
+                ErrorKind.POLICY_REFUSED,
+                f"the {loaded.identity.id} backend of profile {loaded.name!r} runs Python "
+                "programs only, not commands; nothing was run",
+            )
         budgets = loaded.config.budgets
         if policy is not None and policy.budgets is not None:
             budgets = budgets.narrowed(policy.budgets)
@@ -239,16 +329,20 @@ class Sandbox:
             output=self._output_context(
                 loaded, tenant, run_id or execution_id, require_preservation
             ),
+            command=command,
+            inputs=files,
         )
         pool = self._pool(loaded)
         result = await pool.run(plan) if pool is not None else await execute(loaded.backend, plan)
         if self._forget_stale_choice(loaded, result):
             # The remembered backend no longer starts here, so the program did not run:
             # choose again with trials and run it, as if nothing had been remembered.
-            return await self.run(
+            return await self._execute(
                 source,
+                command,
+                inputs,
+                request,
                 bindings=bindings,
-                request=request,
                 policy=policy,
                 tenant=tenant,
                 run_id=run_id,

@@ -18,7 +18,7 @@ import functools
 import signal
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +33,7 @@ from .bindings import BindingProvider
 from .blobstore import BlobStore
 from .config import ConfigSource
 from .errors import SandboxClosedError
+from .inputs import Inputs
 from .narrowing import ExecutionRequest, TenantPolicy
 from .paging import DEFAULT_SEARCH_DEADLINE_SECONDS
 from .pattern_search import SearchResult
@@ -260,39 +261,89 @@ class SyncSandbox:
         run_id: str | None = None,
         cancel: Cancellation | None = None,
         require_preservation: bool = False,
+        inputs: Inputs | None = None,
     ) -> ExecutionResult:
         """Run one program and wait for its result (see :meth:`Sandbox.run`).
 
         A KeyboardInterrupt while waiting cancels the execution, waits for its teardown and
         is re-raised.
         """
+        return self._execution(
+            "run",
+            functools.partial(
+                self._sandbox.run,
+                source,
+                profile=profile,
+                timeout=timeout,
+                bindings=bindings,
+                request=request,
+                policy=policy,
+                tenant=tenant,
+                run_id=run_id,
+                require_preservation=require_preservation,
+                inputs=inputs,
+            ),
+            cancel,
+        )
+
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        shell: bool = False,
+        profile: str | None = None,
+        timeout: float | None = None,
+        request: ExecutionRequest | None = None,
+        policy: TenantPolicy | None = None,
+        tenant: str = "default",
+        run_id: str | None = None,
+        cancel: Cancellation | None = None,
+        require_preservation: bool = False,
+        inputs: Inputs | None = None,
+    ) -> ExecutionResult:
+        """Run one command and wait for its result (see :meth:`Sandbox.exec`); a
+        KeyboardInterrupt cancels it as it does a run."""
+        return self._execution(
+            "exec",
+            functools.partial(
+                self._sandbox.exec,
+                command,
+                shell=shell,
+                profile=profile,
+                timeout=timeout,
+                request=request,
+                policy=policy,
+                tenant=tenant,
+                run_id=run_id,
+                require_preservation=require_preservation,
+                inputs=inputs,
+            ),
+            cancel,
+        )
+
+    def _execution(
+        self,
+        name: str,
+        start: Callable[..., Awaitable[ExecutionResult]],
+        cancel: Cancellation | None,
+    ) -> ExecutionResult:
+        """Run one execution on the loop's thread and wait for it, cancelling it (and
+        waiting for its teardown) on a KeyboardInterrupt."""
         loop = self._loop
         if threading.get_ident() == loop.thread_id:
             # An async binding blocking its own loop on a run that loop must drive.
-            raise RuntimeError("SyncSandbox.run() cannot be called from its own event loop")
+            raise RuntimeError(f"SyncSandbox.{name}() cannot be called from its own event loop")
         if cancel is None:
             cancel = self.cancellation()
         elif cancel._loop is not self._loop:
             raise ValueError("that Cancellation belongs to another SyncSandbox")
         event = cancel._event
-        call = functools.partial(
-            self._sandbox.run,
-            source,
-            profile=profile,
-            timeout=timeout,
-            bindings=bindings,
-            request=request,
-            policy=policy,
-            tenant=tenant,
-            run_id=run_id,
-            cancel=event,
-            require_preservation=require_preservation,
-        )
+        call = functools.partial(start, cancel=event)
         running = _Running(event)
         try:
             with loop.lock:
                 if loop.closed:
-                    raise SandboxClosedError("run() called on a closed SyncSandbox")
+                    raise SandboxClosedError(f"{name}() called on a closed SyncSandbox")
                 # Registered and started under the lock: close() either sees it and cancels
                 # it, or came first and it never starts.
                 loop.in_flight.append(running)

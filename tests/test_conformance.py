@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 from psych_sandbox_core.testing.conformance import BackendConformance
 
 
@@ -10,3 +13,6 @@ class TestSubprocessConformance(BackendConformance):
     level = "process"
     # Only the interpreter's temporary directory is passed on.
     environment = frozenset({"TMPDIR"})
+    runs_commands = True
+    # The system's interpreter: the test's own may live where a leased uid cannot reach.
+    command_python = shutil.which("python3", path=os.defpath)

@@ -25,7 +25,12 @@ IDENTITY = {
 }
 SHARED_IDENTITY = {"test_with_one_shared_identity_a_host_program_does_read_it"}
 CAPPED = {"test_memory_backed_filesystems_stop_at_their_caps"}
-GATED = FILESYSTEM | CHANNEL_ARTIFACTS | IDENTITY | SHARED_IDENTITY | CAPPED
+COMMANDS = {
+    "test_a_command_runs_where_a_program_runs",
+    "test_a_command_past_its_wall_clock_is_killed_with_its_whole_tree",
+    "test_a_string_is_run_by_a_shell_only_when_asked",
+}
+GATED = FILESYSTEM | CHANNEL_ARTIFACTS | IDENTITY | SHARED_IDENTITY | CAPPED | COMMANDS
 
 
 def inherited(cls: type[BackendConformance]) -> set[str]:
@@ -54,6 +59,7 @@ class _Isolating(BackendConformance):
     workspace_path = "/workspace"
     capped_filesystems = True
     shared_identity = ({"host_uid": 65534, "host_gid": 65534}, (65534, 65534))
+    runs_commands = True
 
 
 class _UserSpaceKernel(_Isolating):

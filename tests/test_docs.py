@@ -81,5 +81,9 @@ def test_provider_shapes_guide_example_runs_and_prints_what_it_claims() -> None:
     _run_guide("provider-shapes.md")
 
 
+def test_command_mode_guide_example_runs_and_prints_what_it_claims() -> None:
+    _run_guide("command-mode.md")
+
+
 def test_bindings_guide_example_runs_and_prints_what_it_claims() -> None:
     _run_guide("bindings.md")

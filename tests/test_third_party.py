@@ -98,6 +98,11 @@ class TestExampleConformance(BackendConformance):
     # Its limits are the subprocess mechanism's own, timed out in test_conformance.py already.
     test_cpu_loop_is_a_timeout = None  # type: ignore[assignment]
     test_wall_clock_timeout_and_nothing_left = None  # type: ignore[assignment]
+    # It inherits the subprocess backend's commands too, run in test_conformance.py already.
+    runs_commands = True
+    test_a_command_runs_where_a_program_runs = None  # type: ignore[assignment]
+    test_a_command_past_its_wall_clock_is_killed_with_its_whole_tree = None  # type: ignore[assignment]
+    test_a_string_is_run_by_a_shell_only_when_asked = None  # type: ignore[assignment]
 
 
 def test_installing_a_backend_does_not_make_it_default_on_a_tie(

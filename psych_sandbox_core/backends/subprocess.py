@@ -91,6 +91,8 @@ class SubprocessBackend(Backend):
     id: ClassVar[str] = "subprocess"
     Options: ClassVar[type[BackendOptions]] = SubprocessOptions
     claims: ClassVar[Level] = Level.PROCESS
+    #: Commands run in the same child as programs (command mode).
+    runs_commands: ClassVar[bool] = True
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)

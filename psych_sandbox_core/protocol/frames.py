@@ -17,6 +17,11 @@ from .limits import (
     MAX_CALL_ID,
     MAX_CATALOGUE_DESCRIPTION_CHARS,
     MAX_CATALOGUE_SCHEMA_CHARS,
+    MAX_COMMAND_ARGS,
+    MAX_COMMAND_CHARS,
+    MAX_INPUT_BASE64_CHARS,
+    MAX_INPUT_NAME_CHARS,
+    MAX_INPUTS,
     MAX_SOURCE_BYTES,
     MAX_TEXT_CHARS,
     MAX_TOOL_NAME_CHARS,
@@ -98,7 +103,8 @@ class ProgramError(Frame):
     column: Annotated[int, Field(ge=0)] | None
 
 
-ResultOutcome = Literal["returned", "raised", "invalid_output", "output_limit"]
+#: "exited": a command (command mode) ran to its own exit; exit_status says how.
+ResultOutcome = Literal["returned", "raised", "invalid_output", "output_limit", "exited"]
 
 
 class ResultFrame(Frame):
@@ -109,6 +115,8 @@ class ResultFrame(Frame):
     error: ProgramError | None
     #: Human-readable explanation for invalid_output / output_limit.
     detail: Text | None
+    #: A command's exit status (0-255) when the outcome is "exited"; None otherwise.
+    exit_status: Annotated[int, Field(ge=0, le=255)] | None = None
 
 
 ArtifactPath = Annotated[str, Field(min_length=1, max_length=MAX_ARTIFACT_PATH_CHARS)]
@@ -190,9 +198,33 @@ class CatalogueEntry(Frame):
     input_schema_json: Annotated[str, Field(max_length=MAX_CATALOGUE_SCHEMA_CHARS)] | None = None
 
 
+class CommandSpec(Frame):
+    """A command to run instead of a program (command mode): an argument vector, executed
+    without a shell, or with ``shell`` its one element run by ``/bin/sh -c``."""
+
+    argv: Annotated[
+        list[Annotated[str, Field(max_length=MAX_COMMAND_CHARS)]],
+        Field(min_length=1, max_length=MAX_COMMAND_ARGS),
+    ]
+    shell: bool = False
+
+
+class InputFile(Frame):
+    """A file the child writes into its fresh workspace before the program starts."""
+
+    #: One file name: no separator, not "." or "..", no NUL (checked by the host first).
+    name: Annotated[str, Field(min_length=1, max_length=MAX_INPUT_NAME_CHARS)]
+    #: The file's bytes as base64.
+    data: Annotated[str, Field(max_length=MAX_INPUT_BASE64_CHARS)]
+
+
 class RunFrame(Frame):
     type: Literal["run"] = "run"
     source: Annotated[str, Field(max_length=MAX_SOURCE_BYTES)]
+    #: Run this command instead of the source (which is then empty).
+    command: CommandSpec | None = None
+    #: Files to place in the workspace before the program or command starts.
+    inputs: Annotated[list[InputFile], Field(max_length=MAX_INPUTS)] | None = None
     #: Every name a call may carry (the catalogue lookups included).
     tools: Annotated[list[ToolName], Field(max_length=MAX_TOOLS)]
     #: The tools the program's TOOLS lists, described; None: TOOLS lists ``tools`` by name.

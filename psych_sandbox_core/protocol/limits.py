@@ -140,3 +140,22 @@ MAX_ARTIFACT_ENTRIES = 10_000
 MAX_ARTIFACT_DEPTH = 32
 #: Longest artifact or artifact_skipped frame: a full chunk and its envelope.
 MAX_ARTIFACT_FRAME_BYTES = ARTIFACT_CHUNK_BASE64_CHARS + ARTIFACT_FRAME_ENVELOPE_BYTES
+
+
+#: A command (command mode) in a run frame: at most this many arguments, and this many
+#: characters in all, each at most 12 bytes once escaped (3 MiB): Linux's own ceiling on one
+#: argument is 128 KiB, and a command line a model writes is far shorter.
+MAX_COMMAND_ARGS = 4096
+MAX_COMMAND_CHARS = 256 * 1024
+
+#: Files a run frame may place in the workspace before the program starts (inputs=): at most
+#: this many, named by at most MAX_INPUT_NAME_CHARS characters (a file name's own ceiling on
+#: Linux is 255 bytes), holding at most MAX_INPUT_BYTES together. Their base64 (8 MiB) fits
+#: beside the largest source, tool list and catalogue a run frame carries (about 54 MiB at
+#: their worst, escaped) under MAX_HOST_FRAME_BYTES. Larger data is a binding's to serve.
+MAX_INPUTS = 64
+MAX_INPUT_NAME_CHARS = 255
+MAX_INPUT_BYTES = 6 * 1024 * 1024
+#: The base64 length of MAX_INPUT_BYTES: the bound of one input's field, checked before
+#: anything is decoded.
+MAX_INPUT_BASE64_CHARS = 4 * ((MAX_INPUT_BYTES + 2) // 3)

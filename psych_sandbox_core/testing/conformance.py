@@ -50,7 +50,7 @@ except ImportError as exc:  # pragma: no cover - only without the test extra
     ) from exc
 
 from ..bindings import BindingProvider, FunctionBindings
-from ..errors import ErrorKind
+from ..errors import ErrorKind, InvalidRequestError
 from ..grading import Guarantee
 from ..identity import LeasedIdentityOptions
 from ..output import OutputPolicy
@@ -280,6 +280,18 @@ class BackendConformance:
     #: elsewhere (a remote service's) declares False.
     identity_options: ClassVar[bool] = True
 
+    #: Whether the backend runs commands (its ``runs_commands``): the suite then runs them
+    #: on it (command mode: argv, exit status, output caps, inputs, a timeout killing the
+    #: whole tree, the shell form only when asked).
+    runs_commands: ClassVar[bool] = False
+    #: An interpreter the command tests run as their command; None: the one that runs the
+    #: bootstrap where the child runs, asked of a program (it may be one the host started as
+    #: root and the child's own uid cannot run again: then name one it can).
+    command_python: ClassVar[str | None] = None
+    #: Whether ``/bin/sh`` exists where the child runs (a minimal image may have none: the
+    #: shell form then exits 127, as a shell says "not found").
+    has_shell: ClassVar[bool] = True
+
     profile: ClassVar[str] = "conformance"
     #: A second profile some tests add: the subprocess backend without a pid namespace, a
     #: program on the host among the host's processes.
@@ -362,6 +374,29 @@ class BackendConformance:
         config = self.config(options=options, **limits)
         async with Sandbox(config, registry=self.registry()) as sandbox:
             return await sandbox.run(source, profile=self.profile, bindings=bindings)
+
+    async def exec(
+        self,
+        command: str | list[str],
+        *,
+        shell: bool = False,
+        inputs: dict[str, bytes] | None = None,
+        **limits: Any,
+    ) -> ExecutionResult:
+        """One command in a sandbox of its own, closed (and so torn down) on return."""
+        async with Sandbox(self.config(**limits), registry=self.registry()) as sandbox:
+            return await sandbox.exec(command, shell=shell, profile=self.profile, inputs=inputs)
+
+    async def child_python(self) -> str:
+        """The interpreter that runs the bootstrap where the child runs (a command to run
+        that surely exists there), asked of a program once per test class."""
+        found = self.command_python or vars(type(self)).get("_child_python")
+        if found is None:
+            result = await self.run("import sys\nsys.executable")
+            assert result.error is None, result.error
+            found = str(result.return_value)
+            type(self)._child_python = found  # type: ignore[attr-defined]
+        return str(found)
 
     def sandbox(self, **kwargs: Any) -> Sandbox:
         """A sandbox of :meth:`config` (same arguments), for tests that run more than one
@@ -543,6 +578,89 @@ class BackendConformance:
             # The daemon did run (the host saw it), so its absence now means it was killed.
             assert seen, "the detached daemon was never seen running"
         self._nothing_left(mark)
+
+    # Commands go through the same child and teardown as programs, on every loop alike:
+    # once, on asyncio.
+
+    @pytest.mark.anyio
+    async def test_declares_whether_it_runs_commands(self) -> None:
+        registry = self.registry() or BackendRegistry()
+        assert registry.get(self.backend).cls.runs_commands is self.runs_commands
+
+    @applies(lambda cls: cls.runs_commands)
+    @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+    @pytest.mark.anyio
+    async def test_a_command_runs_where_a_program_runs(self) -> None:
+        python = await self.child_python()
+        code = (
+            "import sys\n"
+            "print(open('in.txt').read(), sys.argv[1:])\n"
+            "print('to stderr', file=sys.stderr)\n"
+            "sys.stdout.write('x' * 10000)\n"
+            "sys.exit(3)\n"
+        )
+        # Not a shell: the argument's $, ; and backquotes reach the command as they are.
+        result = await self.exec(
+            [python, "-c", code, "$HOME; `id`"],
+            inputs={"in.txt": b"given"},
+            stdout_bytes=4096,
+        )
+        assert result.error is None, result.error
+        assert result.exit_status == 3
+        assert result.stdout.startswith("given ['$HOME; `id`']\n")
+        assert result.stderr == "to stderr\n"
+        # Held to the stream's cap; the count of what was written is at most exact (a relay
+        # may count only what it carried across, past the cap).
+        info = result.stdout_info
+        written = len("given ['$HOME; `id`']\n") + 10000
+        assert info.captured_bytes <= 4096 < info.total_bytes <= written, info
+        assert info.dropped_bytes > 0
+        assert result.return_value is None
+        assert result.level == self.level
+        for guarantee in sorted(self.enforced):
+            assert result.grades[Guarantee(guarantee)] == "enforced", (guarantee, result.grades)
+
+    @applies(lambda cls: cls.runs_commands)
+    @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+    @pytest.mark.anyio
+    async def test_a_command_past_its_wall_clock_is_killed_with_its_whole_tree(self) -> None:
+        python = await self.child_python()
+        mark = marker()
+        seen: list[int] = []
+
+        async def watch() -> None:
+            if self.processes_visible:
+                seen.extend(await wait_for_pids(mark))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            result = await self.exec(
+                [python, "-c", DAEMON.format(mark=mark) + "while True:\n    time.sleep(1)\n"],
+                wall_seconds=1.0,
+                grace_seconds=0.2,
+            )
+            tg.cancel_scope.cancel()
+        assert result.error is not None
+        assert result.error.kind is ErrorKind.TIMEOUT, result.error
+        assert result.exit_status is None
+        if self.processes_visible:
+            assert seen, "the command's detached daemon was never seen running"
+        self._nothing_left(mark)
+
+    @applies(lambda cls: cls.runs_commands)
+    @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+    @pytest.mark.anyio
+    async def test_a_string_is_run_by_a_shell_only_when_asked(self) -> None:
+        async with Sandbox(self.config(), registry=self.registry()) as sandbox:
+            with pytest.raises(InvalidRequestError):
+                await sandbox.exec("echo $((6 * 7))", profile=self.profile)
+            result = await sandbox.exec("echo $((6 * 7)); exit 4", shell=True, profile=self.profile)
+        assert result.error is None, result.error
+        if self.has_shell:
+            assert (result.stdout, result.exit_status) == ("42\n", 4)
+        else:
+            assert result.exit_status == 127
+            assert "not found" in result.stderr
 
     @pytest.mark.anyio
     async def test_cancelling_a_run_leaves_nothing_behind(self, private_tmp: Path) -> None:

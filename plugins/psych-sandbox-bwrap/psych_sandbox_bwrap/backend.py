@@ -134,6 +134,8 @@ class BwrapBackend(Backend):
     id: ClassVar[str] = "bwrap"
     Options: ClassVar[type[BackendOptions]] = BwrapOptions
     claims: ClassVar[Level] = Level.ISOLATED
+    #: Commands run in the same child as programs (command mode).
+    runs_commands: ClassVar[bool] = True
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)

@@ -17,6 +17,7 @@ NOBODY = 65534
 class TestBwrapConformance(BackendConformance):
     backend = "bwrap"
     level = "isolated"
+    runs_commands = True
     enforced = frozenset({"filesystem", "network", "process_tree", "identity"})
     workspace_path = "/workspace"
     # A tmpfs inside bwrap's own mount namespace.

@@ -154,6 +154,8 @@ class DockerBackend(Backend):
     id: ClassVar[str] = "docker"
     Options: ClassVar[type[BackendOptions]] = DockerOptions
     claims: ClassVar[Level] = Level.ISOLATED
+    #: Commands run in the same child as programs (command mode).
+    runs_commands: ClassVar[bool] = True
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)

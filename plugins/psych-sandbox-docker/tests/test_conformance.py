@@ -24,6 +24,9 @@ class TestDockerConformance(BackendConformance):
     backend = "docker"
     options: ClassVar[dict[str, Any]] = {"runtime": "runc"}
     level = "isolated"
+    runs_commands = True
+    # The image holds the interpreter and its libraries only: no /bin/sh.
+    has_shell = False
     enforced = frozenset(
         {"filesystem", "network", "process_tree", "identity", "memory", "process_count"}
     )
@@ -59,6 +62,11 @@ class TestGvisorConformance(TestDockerConformance):
     # The program's processes live in gVisor's own kernel, not in the host's /proc: what is
     # left is judged by the containers left.
     processes_visible = False
+
+    # Commands: the same backend and plugin code as the docker class above; only whether the
+    # runtime ends the whole tree is the runtime's own.
+    test_a_command_runs_where_a_program_runs = None  # type: ignore[assignment]
+    test_a_string_is_run_by_a_shell_only_when_asked = None  # type: ignore[assignment]
 
     @pytest.fixture
     def anyio_backend(self) -> str:

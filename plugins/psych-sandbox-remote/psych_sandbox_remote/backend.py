@@ -50,6 +50,9 @@ class RemoteBackend(Backend):
     #: A service is used only where it is isolated: a weaker one would have its output
     #: withheld, so it is refused before anything is sent.
     claims = Level.ISOLATED
+    #: A command travels in the run frame over the relayed channel, as a program does; a
+    #: service whose child does not run it is refused (see refusal_for).
+    runs_commands = True
 
     def __init__(self, options: RemoteOptions) -> None:
         super().__init__(options)

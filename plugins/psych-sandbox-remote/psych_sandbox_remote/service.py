@@ -444,6 +444,7 @@ class Service:
             grades=profile.grades,
             limits=profile.caps if tenant is None else tenant.limits,
             network=profile.allow_network if tenant is None else tenant.allow_network,
+            runs_commands=type(profile.backend).runs_commands,
             capacity=self.load.capacity,
             in_flight=self.load.in_flight,
         )

@@ -87,7 +87,8 @@ class Description(_Model):
     #: caller's tenant when the request was authenticated).
     limits: ExecutionLimits
     network: bool = False
-    #: It runs Python programs only, never shell commands.
+    #: Whether its children run commands (command mode) as well as Python programs: its
+    #: backend's declaration. A command travels in the run frame over the relayed channel.
     runs_commands: bool = False
     #: Files the program leaves are sent over the control channel when asked for.
     artifacts: bool = True

@@ -18,6 +18,8 @@ class TestRemoteConformance(BackendConformance):
     backend = "remote"
     options: ClassVar[dict[str, Any]] = {}
     level = "isolated"
+    # Commands travel in the run frame over the relayed channel, as programs do.
+    runs_commands = True
     enforced = frozenset({"filesystem", "network", "process_tree", "identity"})
     workspace_path = "/workspace"
     # The workspace is the service's (a tmpfs inside its sandbox), not below this host's

@@ -3,7 +3,9 @@ the client's side, tenants, terms refused before anything starts, a full server,
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -18,6 +20,7 @@ from psych_sandbox_core.bindings import FunctionBindings
 from psych_sandbox_core.budgets import BindingBudgets
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.profiles import DeploymentConfig
+from psych_sandbox_core.protocol.limits import MAX_INPUT_BYTES
 from psych_sandbox_core.terms import ExecutionLimits
 from remote_support import (
     FAST_LIMITS,
@@ -155,6 +158,19 @@ async def test_artifacts_cross_the_wire(served: Served) -> None:
     assert result.artifacts[0].size_bytes == len("made remotely")
 
 
+async def test_inputs_at_their_ceiling_cross_the_wire(served: Served) -> None:
+    # Inputs travel in the run frame over the relayed channel: the largest a run takes
+    # (base64, about 8 MiB) fits one channel request, and the child writes them on the service.
+    data = os.urandom(MAX_INPUT_BYTES - 1) + b"\n"
+    result = await run(
+        client_config(served.url),
+        "import hashlib\nhashlib.sha256(open('big.bin', 'rb').read()).hexdigest()",
+        inputs={"big.bin": data},
+    )
+    assert result.error is None, result.error
+    assert result.return_value == hashlib.sha256(data).hexdigest()
+
+
 async def test_the_description_is_narrowed_for_the_tenant(served: Served) -> None:
     async with httpx.AsyncClient(base_url=served.url) as client:
         anonymous = (await client.get("/v1/description")).json()
@@ -163,7 +179,7 @@ async def test_the_description_is_narrowed_for_the_tenant(served: Served) -> Non
     assert anonymous["grades"]["filesystem"] == "enforced"
     assert anonymous["limits"]["cpu_seconds"] == 30
     assert bob["limits"]["cpu_seconds"] == 5
-    assert anonymous["runs_commands"] is False
+    assert anonymous["runs_commands"] is True  # its bwrap children run commands
     assert anonymous["artifacts"] is True
 
 
