@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .result import Attachment, ExecutionFailure, ExecutionNote, ExecutionResult
     from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
     from .sandbox import Sandbox
+    from .streaming import OutputChunk
     from .sync_sandbox import Cancellation, SyncSandbox
     from .terms import ExecutionLimits
 
@@ -96,6 +97,7 @@ _PUBLIC = {
     "RunLog": "runlog",
     "SQLiteRunLog": "runlog",
     "Sandbox": "sandbox",
+    "OutputChunk": "streaming",
     "Cancellation": "sync_sandbox",
     "SyncSandbox": "sync_sandbox",
     "ExecutionLimits": "terms",
@@ -125,6 +127,7 @@ __all__ = [
     "InterpreterNotFoundError",
     "Level",
     "MemoryRunLog",
+    "OutputChunk",
     "OutputPolicy",
     "ProfileConfig",
     "RunLog",

@@ -165,7 +165,6 @@ def _command_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     # What running a program needs, imported once the command line is known to be usable.
-    import io
     import json
     import os
     import signal
@@ -176,12 +175,16 @@ def _command_run(args: argparse.Namespace) -> int:
     from .artifact_export import ArtifactExportError
     from .bindings import load_function_tools
     from .blobstore import FilesystemBlobStore
-    from .cli_render import print_notes, print_summary, result_as_json
+    from .cli_render import LiveOutput, print_notes, print_summary, result_as_json
     from .sandbox import Sandbox
     from .selection_cache import SelectionCache
     from .visible import visible
 
     bindings = load_function_tools(args.tools) if args.tools is not None else None
+    # A person sees the output as it arrives; --json prints the one record at the end.
+    live = None if args.json else LiveOutput()
+    if live is not None:
+        _escape_unshowable()
 
     received: list[int] = []
 
@@ -230,7 +233,10 @@ def _command_run(args: argparse.Namespace) -> int:
                     timeout=args.timeout,
                     bindings=bindings,
                     cancel=cancel,
+                    on_output=live,
                 )
+                if live is not None:
+                    live.finish()
                 if args.artifacts is not None:
                     await _write_artifacts(sandbox, outcome, args.artifacts)
                 return outcome
@@ -244,11 +250,9 @@ def _command_run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result_as_json(result)))
         else:
-            for stream in (sys.stdout, sys.stderr):
-                if isinstance(stream, io.TextIOWrapper):
-                    # A terminal that cannot show a character gets its escape, not a crash.
-                    stream.reconfigure(errors="backslashreplace")
-            print_summary(result, artifacts=args.artifacts is not None, explain=args.explain)
+            print_summary(
+                result, artifacts=args.artifacts is not None, explain=args.explain, streamed=True
+            )
         sys.stdout.flush()
         print_notes(result)
     except OSError:
@@ -261,6 +265,15 @@ def _command_run(args: argparse.Namespace) -> int:
     if received:
         return 128 + received[0]
     return EXIT_OK if result.ok else EXIT_PROGRAM_FAILED
+
+
+def _escape_unshowable() -> None:
+    import io
+
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            # A terminal that cannot show a character gets its escape, not a crash.
+            stream.reconfigure(errors="backslashreplace")
 
 
 async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory: str) -> None:

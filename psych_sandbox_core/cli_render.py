@@ -8,14 +8,19 @@ result's own JSON form instead (:func:`result_as_json`).
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from .artifacts import collection_problem
 from .errors import ErrorKind
 from .result import ArtifactInfo, Attachment, ExecutionResult, SkippedEntry
+from .streaming import OutputChunk
 from .visible import SUMMARY_MARK, visible
+
+#: A line longer than this is shown in pieces as it arrives rather than held for its end.
+LIVE_LINE_CHARS = 4096
 
 
 def result_as_json(result: ExecutionResult) -> dict[str, Any]:
@@ -30,23 +35,75 @@ def print_notes(result: ExecutionResult) -> None:
     sys.stderr.flush()
 
 
+class LiveOutput:
+    """Shows the program's streams as they arrive (``on_output``), as :func:`print_summary`
+    shows them afterwards: whole lines under the gutter, stdout here and stderr on stderr.
+    A piece of a line waits for its end (or for :data:`LIVE_LINE_CHARS` of it), so the
+    gutter only ever starts a line; a character split between chunks is joined first."""
+
+    def __init__(self) -> None:
+        self._decoders = {
+            name: codecs.getincrementaldecoder("utf-8")(errors="replace")
+            for name in ("stdout", "stderr")
+        }
+        self._partial = {"stdout": "", "stderr": ""}
+        self.skipped = {"stdout": 0, "stderr": 0}
+
+    def __call__(self, chunk: OutputChunk) -> None:
+        out = _stream_for(chunk.stream)
+        if chunk.skipped_bytes:
+            self._flush(chunk.stream)
+            self.skipped[chunk.stream] += chunk.skipped_bytes
+            out.write(f"{SUMMARY_MARK} [{chunk.skipped_bytes} bytes not shown: too fast]\n")
+        text = self._partial[chunk.stream] + self._decoders[chunk.stream].decode(chunk.data)
+        end = text.rfind("\n") + 1
+        if len(text) - end > LIVE_LINE_CHARS:
+            end = len(text)
+        if end:
+            out.write(visible(text[:end], block=True) + "\n")
+            out.flush()
+        self._partial[chunk.stream] = text[end:]
+
+    def finish(self) -> None:
+        """The program ended: a last line without its newline is shown."""
+        for name in ("stdout", "stderr"):
+            self._partial[name] += self._decoders[name].decode(b"", final=True)
+            self._flush(name)
+
+    def _flush(self, name: str) -> None:
+        if self._partial[name]:
+            out = _stream_for(name)
+            out.write(visible(self._partial[name], block=True) + "\n")
+            out.flush()
+            self._partial[name] = ""
+
+
+def _stream_for(name: str) -> TextIO:
+    return sys.stdout if name == "stdout" else sys.stderr
+
+
 def print_summary(
-    result: ExecutionResult, *, artifacts: bool = False, explain: bool = False
+    result: ExecutionResult,
+    *,
+    artifacts: bool = False,
+    explain: bool = False,
+    streamed: bool = False,
 ) -> None:
     """The result for a person: the program's streams as blocks under a gutter (stdout here,
     stderr on stderr), then the report, each of its lines after the summary mark: what it
     returned or how it failed, the files written with ``--artifacts``, the guidance for a
     model only with ``--explain``, and the level line last. Attachment handles are not
-    shown: the CLI's store ends with it, so only ``--json`` records them."""
+    shown: the CLI's store ends with it, so only ``--json`` records them. ``streamed``: the
+    streams were shown as they arrived (:class:`LiveOutput`), so they are not shown again."""
     out = sys.stdout
 
     def say(line: str) -> None:
         out.write(f"{SUMMARY_MARK} {line}\n")
 
-    if result.stdout:
+    if result.stdout and not streamed:
         out.write(visible(result.stdout, block=True) + "\n")
         out.flush()  # before stderr, so the two keep their order on one terminal
-    if result.stderr:
+    if result.stderr and not streamed:
         sys.stderr.write(visible(result.stderr, block=True) + "\n")
         sys.stderr.flush()
     info = result.stdout_info

@@ -143,6 +143,10 @@ class ProgramTerms:
     catalogue: list[CatalogueEntry] | None = None
     #: How many of the program's calls may be in flight at once (None: the child's default).
     calls_in_flight: int | None = None
+    #: The caller's code and names given to the program, and whether its variables come back.
+    preamble: str | None = None
+    variables_json: str | None = None
+    keep_variables: bool = False
 
     @property
     def refused(self) -> bool:
@@ -317,6 +321,9 @@ class Conversation:
                     ),
                     artifacts=None if terms.collector is None else terms.collector.request,
                     end_marker=terms.end_marker,
+                    preamble=terms.preamble,
+                    variables_json=terms.variables_json,
+                    keep_variables=terms.keep_variables,
                 )
             ),
         ]

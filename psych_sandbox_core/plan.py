@@ -10,6 +10,7 @@ from .bindings import CallServer
 from .grading import Level
 from .preservation import OutputContext
 from .result import BackendIdentity, ExecutionFailure
+from .streaming import OutputRelay
 from .terms import ExecutionLimits
 
 
@@ -36,3 +37,11 @@ class ExecutionPlan:
     refusal: ExecutionFailure | None = None
     #: Previews, attachments and artifacts (see attachments.py); None gives previews only.
     output: OutputContext | None = None
+    #: Hands the program's output to a callback while it runs (streaming.py); None: nobody.
+    relay: OutputRelay | None = None
+    #: Code run ahead of the program in its namespace (Sandbox.run's ``preamble``).
+    preamble: str | None = None
+    #: Names given to the program as a JSON object's text (Sandbox.run's ``variables``).
+    variables_json: str | None = None
+    #: Hand back the program's global names that hold JSON data (``result.variables``).
+    keep_variables: bool = False

@@ -6,6 +6,8 @@ import dataclasses
 import difflib
 import os
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -14,6 +16,7 @@ from .attachments import DEFAULT_RUNS_IN_MEMORY, DEFAULT_WINDOW_BYTES, Attachmen
 from .backend import Backend
 from .bindings import BindingProvider, CallServer, ExecutionScope, ToolSpec
 from .blobstore import BlobStore
+from .catalogue import NAMESPACE_NAMES
 from .config import ConfigSource, check_config, create_backend, resolve_config
 from .errors import (
     ConfigurationError,
@@ -43,6 +46,7 @@ from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
 from .selection import Selection
 from .selection_cache import SelectionCache
 from .state import state_directory
+from .streaming import OutputCallback, relaying
 from .trials import remembered_or_selected, select_default
 
 
@@ -167,17 +171,34 @@ class Sandbox:
         run_id: str | None = None,
         cancel: anyio.Event | None = None,
         require_preservation: bool = False,
+        on_output: OutputCallback | None = None,
+        preamble: str | None = None,
+        variables: Mapping[str, Any] | None = None,
+        keep_variables: bool = False,
     ) -> ExecutionResult:
-        """Run one program. Raises only for misuse (closed sandbox) or configuration.
+        """Run one program. Raises only for misuse (closed sandbox) or configuration, or
+        what ``on_output`` raised.
 
         The terms are the intersection of the backend's capability, ``policy``, ``request``
         (``timeout`` is a shortcut that narrows its wall clock) and the profile's caps. A
         request that cannot be met is a refusal on the result, never an exception.
+        ``on_output`` is handed the program's stdout and stderr while it runs (see
+        streaming.py and docs/streaming.md); the result is the same with or without it.
+
+        ``preamble`` is code run ahead of the program in its namespace, compiled apart (its
+        frames are left out of tracebacks, which show the program's own lines);
+        ``variables`` are names given to the program (JSON data); with ``keep_variables``
+        the result's ``variables`` holds the program's global names that hold JSON data,
+        for the next program. Preamble and variables count toward the program size limit.
+        See docs/preamble.md.
         """
         if self._closed:
             raise SandboxClosedError("run() called on a closed Sandbox")
         if not isinstance(source, str):
             raise TypeError("source must be a str")
+        if preamble is not None and not isinstance(preamble, str):
+            raise TypeError("preamble must be a str")
+        variables_json = None if variables is None else given_variables(variables)
         request = request_for(request, profile, timeout)
         loaded = await self._load(request.profile)
         terms = narrow(
@@ -239,9 +260,16 @@ class Sandbox:
             output=self._output_context(
                 loaded, tenant, run_id or execution_id, require_preservation
             ),
+            preamble=preamble,
+            variables_json=variables_json,
+            keep_variables=keep_variables,
         )
         pool = self._pool(loaded)
-        result = await pool.run(plan) if pool is not None else await execute(loaded.backend, plan)
+        async with relaying(on_output) as relay:
+            plan = dataclasses.replace(plan, relay=relay)
+            result = (
+                await pool.run(plan) if pool is not None else await execute(loaded.backend, plan)
+            )
         if self._forget_stale_choice(loaded, result):
             # The remembered backend no longer starts here, so the program did not run:
             # choose again with trials and run it, as if nothing had been remembered.
@@ -254,6 +282,10 @@ class Sandbox:
                 run_id=run_id,
                 cancel=cancel,
                 require_preservation=require_preservation,
+                on_output=on_output,
+                preamble=preamble,
+                variables=variables,
+                keep_variables=keep_variables,
             )
         return _with_notes(result, loaded.selection)
 
@@ -414,6 +446,28 @@ class Sandbox:
         if self._remembered is None:
             self._remembered = await remembered_or_selected(self.registry, preference, cache)
         return self._remembered
+
+
+def given_variables(variables: Mapping[str, Any]) -> str:
+    """``variables`` as the JSON object text a run frame carries; raises TypeError or
+    ValueError for a name that is not a plain identifier (or is the namespace's own, or
+    starts with "_") or a value that is not JSON data: the caller's mistake, said at once."""
+    import json
+    import keyword
+
+    for name in variables:
+        if (
+            not isinstance(name, str)
+            or not name.isidentifier()
+            or keyword.iskeyword(name)
+            or name.startswith("_")
+            or name in NAMESPACE_NAMES
+        ):
+            raise ValueError(f"variables: {name!r} cannot be given to a program as a name")
+    try:
+        return json.dumps(dict(variables), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"variables must be JSON data: {exc}") from None
 
 
 async def _listed_tools(

@@ -18,11 +18,11 @@ import functools
 import signal
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -41,6 +41,7 @@ from .result import ExecutionResult
 from .runlog import RunLog
 from .sandbox import Sandbox
 from .selection import Selection
+from .streaming import OutputChunk
 
 T = TypeVar("T")
 
@@ -260,8 +261,13 @@ class SyncSandbox:
         run_id: str | None = None,
         cancel: Cancellation | None = None,
         require_preservation: bool = False,
+        on_output: Callable[[OutputChunk], None] | None = None,
+        preamble: str | None = None,
+        variables: Mapping[str, Any] | None = None,
+        keep_variables: bool = False,
     ) -> ExecutionResult:
         """Run one program and wait for its result (see :meth:`Sandbox.run`).
+        ``on_output`` is called in a worker thread, never in the caller's.
 
         A KeyboardInterrupt while waiting cancels the execution, waits for its teardown and
         is re-raised.
@@ -287,6 +293,10 @@ class SyncSandbox:
             run_id=run_id,
             cancel=event,
             require_preservation=require_preservation,
+            on_output=on_output,
+            preamble=preamble,
+            variables=variables,
+            keep_variables=keep_variables,
         )
         running = _Running(event)
         try:
