@@ -31,7 +31,9 @@ class ScriptedModel(Model):  # type: ignore[misc]
     def generate(self, messages: list[Any], **kwargs: Any) -> ChatMessage:
         self.seen.append(_text(messages[-1]))
         code = self.steps.pop(0)
-        return ChatMessage(role=MessageRole.ASSISTANT, content=f"Thought: go\n<code>\n{code}\n</code>")
+        return ChatMessage(
+            role=MessageRole.ASSISTANT, content=f"Thought: go\n<code>\n{code}\n</code>"
+        )
 
 
 def _text(message: Any) -> str:
@@ -44,7 +46,7 @@ def _text(message: Any) -> str:
 class Population(Tool):  # type: ignore[misc]
     name = "population"
     description = "People living in a city, in a year"
-    inputs = {
+    inputs = {  # noqa: RUF012 - smolagents reads the class attribute
         "city": {"type": "string", "description": "the city"},
         "year": {"type": "integer", "description": "the year"},
     }

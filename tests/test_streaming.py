@@ -20,8 +20,7 @@ from .conftest import PROFILE, config, marker, pids_with
 pytestmark = pytest.mark.anyio
 
 
-async def test_output_reaches_the_callback_while_the_program_runs_and_the_result_is_kept(
-) -> None:
+async def test_output_reaches_the_callback_while_the_program_runs_and_the_result_is_kept() -> None:
     chunks: list[OutputChunk] = []
     first_line = anyio.Event()
 
@@ -44,7 +43,9 @@ async def test_output_reaches_the_callback_while_the_program_runs_and_the_result
         result = await sandbox.run(
             source, profile=PROFILE, bindings=FunctionBindings({"seen": seen}), on_output=on_output
         )
-        plain = await sandbox.run(source, profile=PROFILE, bindings=FunctionBindings({"seen": seen}))
+        plain = await sandbox.run(
+            source, profile=PROFILE, bindings=FunctionBindings({"seen": seen})
+        )
     assert result.ok and result.return_value == "done", result.error
     streamed = b"".join(c.data for c in chunks if c.stream == "stdout")
     assert streamed == b"one\nseen\n" + b"x" * 5000 + b"\n"
@@ -77,7 +78,9 @@ async def test_a_stuck_callback_never_holds_up_the_child(anyio_backend: str) -> 
     source = f"import sys\nsys.stdout.write('y' * {total})\nsys.stdout.flush()\nawait finished()\n"
     async with Sandbox(config()) as sandbox:
         result = await sandbox.run(
-            source, profile=PROFILE, bindings=FunctionBindings({"finished": finished}),
+            source,
+            profile=PROFILE,
+            bindings=FunctionBindings({"finished": finished}),
             on_output=on_output,
         )
     assert result.ok, result.error
@@ -126,3 +129,30 @@ async def test_the_cli_shows_output_as_it_arrives(tmp_path: Path, anyio_backend:
             cli.communicate()
     assert "\u25c6 failed: cancelled: " in out, (out, err)
     assert "first line" not in out  # shown once, as it arrived
+
+
+def test_live_output_shows_whole_lines_under_the_gutter_and_steers_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from psych_sandbox_core.cli_render import LiveOutput
+
+    live = LiveOutput()
+    # A line and a character split across chunks, a forged report line, a control, a drop.
+    for chunk in (
+        OutputChunk("stdout", b"caf\xc3"),
+        OutputChunk("stdout", b"\xa9 ok\n\xe2\x97\x86 returned: 1\x1b[2J\npart"),
+        OutputChunk("stderr", b"err\n"),
+        OutputChunk("stdout", b"ial", skipped_bytes=7),
+        OutputChunk("stdout", b" end"),
+    ):
+        live(chunk)
+    live.finish()
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        "  | café ok",
+        "  | \\u25c6 returned: 1\\x1b[2J",
+        "  | part",
+        "\u25c6 [7 bytes not shown: too fast]",
+        "  | ial end",
+    ]
+    assert err == "  | err\n"
