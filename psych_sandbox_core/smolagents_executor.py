@@ -128,9 +128,16 @@ class SandboxExecutor(PythonExecutor):  # type: ignore[misc]
 
     def send_variables(self, variables: dict[str, Any]) -> None:
         if self.carry_variables:
-            self.variables.update(
-                (name, value) for name, value in variables.items() if _givable(name, value)
-            )
+            self.variables.update(self._carried(variables))
+
+    def _carried(self, variables: dict[str, Any]) -> dict[str, Any]:
+        """What of ``variables`` the next step can be given: JSON data under a name that
+        hides none of the tools (which smolagents' own executor refuses to overwrite)."""
+        return {
+            name: value
+            for name, value in variables.items()
+            if name not in self._tools and _givable(name, value)
+        }
 
     def __call__(self, code_action: str) -> CodeOutput:
         bindings = _ToolBindings(self._tools)
@@ -141,7 +148,8 @@ class SandboxExecutor(PythonExecutor):  # type: ignore[misc]
             timeout=self._timeout,
             bindings=bindings,
             preamble=PREAMBLE.format(names=names),
-            variables=self.variables if self.carry_variables else None,
+            # Filtered here: smolagents sends the variables before the tools.
+            variables=self._carried(self.variables) if self.carry_variables else None,
             keep_variables=self.carry_variables,
         )
         logs = result.stdout + result.stderr
@@ -150,7 +158,7 @@ class SandboxExecutor(PythonExecutor):  # type: ignore[misc]
         if not result.ok:
             raise StepFailed(result.for_model(self._max_chars, reader=None))
         if self.carry_variables and result.variables is not None:
-            self.variables = dict(result.variables)
+            self.variables = self._carried(result.variables)
         return CodeOutput(output=result.return_value, logs=logs, is_final_answer=False)
 
     def cleanup(self) -> None:
