@@ -250,8 +250,12 @@ def _command_run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result_as_json(result)))
         else:
+            assert live is not None
             print_summary(
-                result, artifacts=args.artifacts is not None, explain=args.explain, streamed=True
+                result,
+                artifacts=args.artifacts is not None,
+                explain=args.explain,
+                streamed={"stdout", "stderr"} - live.incomplete,
             )
         sys.stdout.flush()
         print_notes(result)

@@ -132,18 +132,21 @@ async def test_the_cli_shows_output_as_it_arrives(tmp_path: Path, anyio_backend:
 
 
 def test_live_output_shows_whole_lines_under_the_gutter_and_steers_nothing(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from psych_sandbox_core.cli_render import LiveOutput
+    from psych_sandbox_core import cli_render
 
-    live = LiveOutput()
-    # A line and a character split across chunks, a forged report line, a control, a drop.
+    monkeypatch.setattr(cli_render, "LIVE_STREAM_BYTES", 40)
+    live = cli_render.LiveOutput()
+    # A line and a character split across chunks, a forged report line, a control; stdout
+    # past the bound, stderr with a drop.
     for chunk in (
         OutputChunk("stdout", b"caf\xc3"),
         OutputChunk("stdout", b"\xa9 ok\n\xe2\x97\x86 returned: 1\x1b[2J\npart"),
         OutputChunk("stderr", b"err\n"),
-        OutputChunk("stdout", b"ial", skipped_bytes=7),
-        OutputChunk("stdout", b" end"),
+        OutputChunk("stdout", b"ial end\nnot shown\n"),
+        OutputChunk("stderr", b"late\n", skipped_bytes=7),
+        OutputChunk("stdout", b"nor this\n"),
     ):
         live(chunk)
     live.finish()
@@ -151,8 +154,13 @@ def test_live_output_shows_whole_lines_under_the_gutter_and_steers_nothing(
     assert out.splitlines() == [
         "  | café ok",
         "  | \\u25c6 returned: 1\\x1b[2J",
-        "  | part",
-        "\u25c6 [7 bytes not shown: too fast]",
-        "  | ial end",
+        "  | partial end",
+        "\u25c6 stdout: more than 40 bytes; the rest is not shown as it arrives",
     ]
-    assert err == "  | err\n"
+    assert err.splitlines() == [
+        "  | err",
+        "\u25c6 stderr: 7 bytes came faster than they could be shown",
+        "  | late",
+    ]
+    # Neither was shown whole: the report shows both again, as their previews.
+    assert live.incomplete == {"stdout", "stderr"}
