@@ -58,10 +58,21 @@ class LiveOutput:
         self._partial = {"stdout": "", "stderr": ""}
         self._shown = {"stdout": 0, "stderr": 0}
         self._cut: set[str] = set()
+        self._gone = False
         #: Streams the report must show again: not everything of them was shown here.
         self.incomplete: set[str] = set()
 
     def __call__(self, chunk: OutputChunk) -> None:
+        if self._gone:
+            return
+        try:
+            self._show(chunk)
+        except OSError:
+            # Nobody reads any more (a closed pipe, a hung-up terminal): nothing more is
+            # shown, and the command ends as it would have (see cli.py).
+            self._gone = True
+
+    def _show(self, chunk: OutputChunk) -> None:
         name = chunk.stream
         out = _stream_for(name)
         room = LIVE_STREAM_BYTES - self._shown[name]
@@ -94,14 +105,18 @@ class LiveOutput:
             out.flush()
         self._partial[name] = text[end:]
         if rest:
-            self(OutputChunk(name, rest))  # past the bound: says so
+            self._show(OutputChunk(name, rest))  # past the bound: says so
 
     def finish(self) -> None:
         """The program ended: a last line without its newline is shown."""
         for name in ("stdout", "stderr"):
             if name not in self._cut:
                 self._partial[name] += self._decoders[name].decode(b"", final=True)
-            self._flush(name)
+            if not self._gone:
+                try:
+                    self._flush(name)
+                except OSError:
+                    self._gone = True
 
     def _flush(self, name: str) -> None:
         if self._partial[name]:
