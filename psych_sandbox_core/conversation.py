@@ -178,6 +178,7 @@ class Conversation:
         self.value: Any = None
         self.collector: ChannelCollector | None = None
         self._value_cap = 0
+        self._keep_variables = False
         self._pending: ResultFrame | None = None
 
     # ------------------------------------------------------------------ child frames
@@ -253,6 +254,10 @@ class Conversation:
         # bootstrap's own checks.
         if frame.outcome == "raised" and frame.error is None:
             return self._violated("a result frame with outcome 'raised' carries no error")
+        if frame.variables_json is not None and not (
+            self._keep_variables and frame.outcome == "returned"
+        ):
+            return self._violated("a result frame carries variables the run frame did not ask for")
         if frame.outcome != "returned" or frame.value_json is None:
             return self.value_decoded(None, frame)
         self._pending = frame
@@ -297,6 +302,7 @@ class Conversation:
         self.collector = terms.collector
         limits = terms.limits
         self._value_cap = limits.return_value_bytes
+        self._keep_variables = terms.keep_variables
         return [
             # From here on each kind of frame is held to what these terms allow it to weigh.
             Narrow(

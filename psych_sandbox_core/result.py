@@ -194,7 +194,8 @@ class ExecutionResult(BaseModel):
     #: The program's return value (JSON data); None when it returned nothing or failed.
     return_value: Any = None
     #: With ``keep_variables``: the program's global names holding JSON data when it
-    #: returned (None otherwise), to give the next program as ``variables``.
+    #: returned (None otherwise, or when what the child sent is not a JSON object within the
+    #: return value's cap), to give the next program as ``variables``.
     variables: dict[str, Any] | None = None
     error: ExecutionFailure | None
     #: The level the grades earn, and the grades themselves.
