@@ -1240,7 +1240,7 @@ def _kept(result, namespace, room):
             continue
         try:
             json_dumps(value)
-        except (TypeError, ValueError, RecursionError):
+        except Exception:  # not JSON data, or an object of the program's that fails to say
             continue
         if json_problem(value) is None:
             kept[name] = value
