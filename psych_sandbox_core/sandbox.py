@@ -199,6 +199,11 @@ class Sandbox:
         if preamble is not None and not isinstance(preamble, str):
             raise TypeError("preamble must be a str")
         variables_json = None if variables is None else given_variables(variables)
+        for given in (preamble, variables_json):
+            # The caller's text, not the model's: a lone surrogate is a mistake said at once
+            # (UnicodeEncodeError), where the program's own is refused on the result.
+            if given is not None:
+                given.encode("utf-8")
         request = request_for(request, profile, timeout)
         loaded = await self._load(request.profile)
         terms = narrow(
