@@ -5,7 +5,11 @@ runs exactly one flooding program on the subprocess backend and records its peak
 the growth is what the flood cost the host. The floor is the same fresh interpreter running
 a program that prints one line. Prints both, the capture cap, and the growth minus the cap.
 
-    python benchmarks/output_flood.py [--gigabytes N] [--cap-kib N]
+    python benchmarks/output_flood.py [--gigabytes N] [--cap-kib N] [--callback KIND]
+
+``--callback async`` or ``thread`` also streams the flood to an ``on_output`` callback that
+only counts (an ``async def``, or a plain function called in a worker thread): the drain's
+cost of streaming, and how much a callback slower than the flood is dropped and counted.
 """
 
 from __future__ import annotations
@@ -20,7 +24,17 @@ import json, resource, sys
 import anyio
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
 
-total, cap = int(sys.argv[1]), int(sys.argv[2])
+total, cap, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+streamed = [0, 0]
+
+def count(chunk):
+    streamed[0] += len(chunk.data)
+    streamed[1] += chunk.skipped_bytes
+
+async def count_async(chunk):
+    count(chunk)
+
+callback = {"none": None, "async": count_async, "thread": count}[kind]
 flood = (
     "import os\n"
     "block = b'x' * 1048575 + b'\\n'\n"
@@ -39,21 +53,21 @@ async def main():
     async with Sandbox(config) as sandbox:
         await sandbox.run("None", profile="flood")  # warm: imports, caches
         before = peak()
-        result = await sandbox.run(source, profile="flood")
+        result = await sandbox.run(source, profile="flood", on_output=callback)
         after = peak()
     print(json.dumps({
         "before": before, "after": after, "error": None if result.ok else result.error.kind,
         "total": result.stdout_info.total_bytes, "captured": result.stdout_info.captured_bytes,
-        "wall": result.usage.wall_seconds,
+        "wall": result.usage.wall_seconds, "streamed": streamed[0], "skipped": streamed[1],
     }))
 
 anyio.run(main)
 """
 
 
-def measure(total: int, cap: int) -> dict[str, object]:
+def measure(total: int, cap: int, callback: str = "none") -> dict[str, object]:
     done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(total), str(cap)],
+        [sys.executable, "-c", _MEASURE, str(total), str(cap), callback],
         check=True,
         capture_output=True,
         text=True,
@@ -65,11 +79,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gigabytes", type=float, default=1.0)
     parser.add_argument("--cap-kib", type=int, default=64)
+    parser.add_argument("--callback", choices=["none", "async", "thread"], default="none")
     args = parser.parse_args()
     total = int(args.gigabytes * 1024**3)
     cap = args.cap_kib * 1024
     floor = measure(0, cap)
-    flood = measure(total, cap)
+    flood = measure(total, cap, args.callback)
     mib = 1024 * 1024
 
     def growth(sample: dict[str, object]) -> int:
@@ -83,6 +98,12 @@ def main() -> None:
     print(f"growth, flood:                {growth(flood) / mib:.2f} MiB")
     print(f"growth, one-line floor:       {growth(floor) / mib:.2f} MiB")
     print(f"flood growth minus the cap:   {(growth(flood) - cap) / mib:.2f} MiB")
+    if args.callback != "none":
+        print(
+            f"streamed to the {args.callback} callback: "
+            f"{int(flood['streamed']) / mib:.0f} MiB delivered, "  # type: ignore[call-overload]
+            f"{int(flood['skipped']) / mib:.0f} MiB dropped and counted"  # type: ignore[call-overload]
+        )
 
 
 if __name__ == "__main__":

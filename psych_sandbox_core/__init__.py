@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from .result import Attachment, ExecutionFailure, ExecutionNote, ExecutionResult
     from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
     from .sandbox import Sandbox
+    from .streaming import OutputChunk
     from .sync_sandbox import Cancellation, SyncSandbox
     from .terms import ExecutionLimits
 
@@ -98,6 +99,7 @@ _PUBLIC = {
     "RunLog": "runlog",
     "SQLiteRunLog": "runlog",
     "Sandbox": "sandbox",
+    "OutputChunk": "streaming",
     "Cancellation": "sync_sandbox",
     "SyncSandbox": "sync_sandbox",
     "ExecutionLimits": "terms",
@@ -128,6 +130,7 @@ __all__ = [
     "InvalidRequestError",
     "Level",
     "MemoryRunLog",
+    "OutputChunk",
     "OutputPolicy",
     "ProfileConfig",
     "RunLog",

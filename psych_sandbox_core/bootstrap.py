@@ -21,6 +21,9 @@ except ImportError:  # an interpreter without the C accelerator: the plain modul
 
 PROTOCOL_VERSION = 1
 PROGRAM_FILENAME = "<program>"
+#: The caller's code run ahead of the program, compiled apart so the program's own line
+#: numbers and file name are what its tracebacks show.
+PREAMBLE_FILENAME = "<preamble>"
 MAX_HOST_FRAME_BYTES = 64 * 1024 * 1024
 MAX_CHILD_FRAME_BYTES = 16 * 1024 * 1024
 #: JSON nested deeper, or holding more elements, than this is refused before it is sent:
@@ -1171,6 +1174,9 @@ def run_program(channel, frame):
         argument_bytes = MAX_CHILD_FRAME_BYTES - 1 - CALL_FRAME_ENVELOPE_BYTES
     channel.start_calls(limits.get("calls_in_flight"))
     namespace = _make_namespace(channel, tools, argument_bytes, frame.get("catalogue"))
+    given = _give_names(namespace, frame)
+    if given is not None:
+        return given
     try:
         code, is_async = build_program(frame["source"])
     except SyntaxError as exc:
@@ -1201,6 +1207,63 @@ def run_program(channel, frame):
             return {"outcome": "raised", "error": describe_exception(exc)}
     except BaseException as exc:
         return {"outcome": "raised", "error": describe_exception(exc)}
+    returned = _returned(value, cap)
+    if returned["outcome"] != "returned" or not frame.get("keep_variables"):
+        return returned
+    # Only after a return: a raised result's text and the variables together could outweigh
+    # the result frame's ceiling, which allows for one or the other.
+    return _kept(returned, namespace, cap - len((returned.get("value_json") or "").encode()))
+
+
+def _give_names(namespace, frame):
+    """The caller's names (variables, then its preamble) put in the program's namespace;
+    a result when that failed (the program then does not run)."""
+    variables_json = frame.get("variables_json")
+    if isinstance(variables_json, str):
+        namespace.update(json_loads(variables_json))  # identifiers, checked by the host
+    preamble = frame.get("preamble")
+    if not isinstance(preamble, str):
+        return None
+    try:
+        exec(compile(preamble, PREAMBLE_FILENAME, "exec", dont_inherit=True), namespace)
+    except BaseException as exc:
+        error = describe_exception(exc)
+        error["message"] = ("the preamble raised, so the program did not run: "
+                            + error["message"])[:256 * 1024]
+        return {"outcome": "raised", "error": error}
+    return None
+
+
+def _kept(result, namespace, room):
+    """``result`` with the program's global names that hold JSON data (the run frame's
+    keep_variables): names starting with "_", the namespace's own and those whose value is
+    not JSON data (modules, functions, objects) are left out. They share the return value's
+    cap with it (``room`` is what the value left); past it the result is output_limit."""
+    own = NAMESPACE_NAMES | {"__name__", "__builtins__", "__doc__"}
+    kept = {}
+    for name, value in list(namespace.items()):
+        if not isinstance(name, str) or name.startswith("_") or name in own:
+            continue
+        try:
+            json_dumps(value)
+        except Exception:  # not JSON data, or an object of the program's that fails to say
+            continue
+        if json_problem(value) is None:
+            kept[name] = value
+    problem = json_problem(kept)
+    if problem is not None:
+        return {"outcome": "invalid_output",
+                "detail": f"the program's variables cannot be sent: {problem}"}
+    encoded = json_dumps(kept)
+    if len(encoded.encode()) > room:
+        detail = (f"the program's variables are {len(encoded.encode())} bytes as JSON, over "
+                  f"the {max(room, 0)} bytes left of the return value's limit")
+        return {"outcome": "output_limit", "detail": detail}
+    return dict(result, variables_json=encoded)
+
+
+def _returned(value, cap):
+    """The result of a program that returned ``value``."""
     if isinstance(value, _ToolCall):
         value.close()
         return _not_awaited(value._what, value._line)
@@ -1882,6 +1945,8 @@ def main(argv):
     }
     if result["outcome"] == "exited":
         frame["exit_status"] = result["exit_status"]
+    if "variables_json" in result:
+        frame["variables_json"] = result["variables_json"]
     with channel.lock:
         if request:
             send_artifacts(channel, request, workspace)

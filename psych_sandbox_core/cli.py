@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     import anyio
 
+    from .cli_render import LiveOutput
     from .result import ExecutionResult
     from .sandbox import Sandbox
 
@@ -210,7 +211,9 @@ def _command_run(args: argparse.Namespace) -> int:
 
     bindings = load_function_tools(args.tools) if args.tools is not None else None
 
-    def start(sandbox: Sandbox, inputs: dict[str, str], cancel: anyio.Event) -> Any:
+    def start(
+        sandbox: Sandbox, inputs: dict[str, str], cancel: anyio.Event, live: LiveOutput | None
+    ) -> Any:
         return sandbox.run(
             source,
             profile=args.profile,
@@ -218,6 +221,7 @@ def _command_run(args: argparse.Namespace) -> int:
             bindings=bindings,
             cancel=cancel,
             inputs=inputs,
+            on_output=live,
         )
 
     return _execute(args, start)
@@ -236,7 +240,9 @@ def _command_exec(args: argparse.Namespace) -> int:
         print("psych-sandbox: with --shell, give the command as one argument", file=sys.stderr)
         return EXIT_USAGE
 
-    def start(sandbox: Sandbox, inputs: dict[str, str], cancel: anyio.Event) -> Any:
+    def start(
+        sandbox: Sandbox, inputs: dict[str, str], cancel: anyio.Event, live: LiveOutput | None
+    ) -> Any:
         return sandbox.exec(
             argv[0] if args.shell else argv,
             shell=args.shell,
@@ -244,14 +250,16 @@ def _command_exec(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             cancel=cancel,
             inputs=inputs,
+            on_output=live,
         )
 
     return _execute(args, start)
 
 
 def _execute(args: argparse.Namespace, start: Any) -> int:
-    """Run one execution for ``run`` or ``exec`` (``start(sandbox, inputs, cancel)`` begins
-    it), print its result, and say how it went in the exit status."""
+    """Run one execution for ``run`` or ``exec`` (``start(sandbox, inputs, cancel, live)``
+    begins it, handing output to ``live`` as it comes), print its result, and say how it went
+    in the exit status."""
     try:
         inputs = _input_options(args.input)
     except _UsageError as exc:
@@ -259,7 +267,6 @@ def _execute(args: argparse.Namespace, start: Any) -> int:
         return EXIT_USAGE
 
     # What running a program needs, imported once the command line is known to be usable.
-    import io
     import json
     import os
     import signal
@@ -269,11 +276,16 @@ def _execute(args: argparse.Namespace, start: Any) -> int:
 
     from .artifact_export import ArtifactExportError
     from .blobstore import FilesystemBlobStore
-    from .cli_render import print_notes, print_summary, result_as_json
+    from .cli_render import LiveOutput, print_notes, print_summary, result_as_json
     from .errors import InvalidRequestError
     from .sandbox import Sandbox
     from .selection_cache import SelectionCache
     from .visible import visible
+
+    # A person sees the output as it arrives; --json prints the one record at the end.
+    live = None if args.json else LiveOutput()
+    if live is not None:
+        _escape_unshowable()
 
     received: list[int] = []
 
@@ -316,7 +328,9 @@ def _execute(args: argparse.Namespace, start: Any) -> int:
             async with Sandbox(
                 args.config, blob_store=blob_store, selection_cache=SelectionCache()
             ) as sandbox:
-                outcome: ExecutionResult = await start(sandbox, inputs, cancel)
+                outcome: ExecutionResult = await start(sandbox, inputs, cancel, live)
+                if live is not None:
+                    live.finish()
                 if args.artifacts is not None:
                     await _write_artifacts(sandbox, outcome, args.artifacts)
                 return outcome
@@ -333,11 +347,13 @@ def _execute(args: argparse.Namespace, start: Any) -> int:
         if args.json:
             print(json.dumps(result_as_json(result)))
         else:
-            for stream in (sys.stdout, sys.stderr):
-                if isinstance(stream, io.TextIOWrapper):
-                    # A terminal that cannot show a character gets its escape, not a crash.
-                    stream.reconfigure(errors="backslashreplace")
-            print_summary(result, artifacts=args.artifacts is not None, explain=args.explain)
+            assert live is not None
+            print_summary(
+                result,
+                artifacts=args.artifacts is not None,
+                explain=args.explain,
+                streamed={"stdout", "stderr"} - live.incomplete,
+            )
         sys.stdout.flush()
         print_notes(result)
     except OSError:
@@ -352,6 +368,15 @@ def _execute(args: argparse.Namespace, start: Any) -> int:
     if result.exit_status is not None:
         return result.exit_status
     return EXIT_OK if result.ok else EXIT_PROGRAM_FAILED
+
+
+def _escape_unshowable() -> None:
+    import io
+
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            # A terminal that cannot show a character gets its escape, not a crash.
+            stream.reconfigure(errors="backslashreplace")
 
 
 async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory: str) -> None:

@@ -8,14 +8,23 @@ result's own JSON form instead (:func:`result_as_json`).
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
-from typing import Any
+from collections.abc import Collection
+from typing import Any, TextIO
 
 from .artifacts import collection_problem
 from .errors import ErrorKind
 from .result import ArtifactInfo, Attachment, ExecutionResult, SkippedEntry
+from .streaming import OutputChunk
 from .visible import SUMMARY_MARK, visible
+
+#: A line longer than this is shown in pieces as it arrives rather than held for its end.
+LIVE_LINE_CHARS = 4096
+#: What the command shows of each stream as it arrives: a person reads a screenful, not a
+#: flood; the report's preview has the end of a longer one.
+LIVE_STREAM_BYTES = 1024 * 1024
 
 
 def result_as_json(result: ExecutionResult) -> dict[str, Any]:
@@ -30,23 +39,119 @@ def print_notes(result: ExecutionResult) -> None:
     sys.stderr.flush()
 
 
+class LiveOutput:
+    """Shows the program's streams as they arrive (``on_output``), as :func:`print_summary`
+    shows them afterwards: whole lines under the gutter, stdout here and stderr on stderr.
+    A piece of a line waits for its end (or for :data:`LIVE_LINE_CHARS` of it), so the
+    gutter only ever starts a line; a character split between chunks is joined first.
+
+    At most :data:`LIVE_STREAM_BYTES` of each stream are shown: a program cannot make the
+    command write more than that (to a terminal, or a file it was redirected to). A stream
+    not shown whole (cut there, or bytes dropped because the terminal was behind) is shown
+    again by the report, as its preview (head and tail)."""
+
+    def __init__(self) -> None:
+        self._decoders = {
+            name: codecs.getincrementaldecoder("utf-8")(errors="replace")
+            for name in ("stdout", "stderr")
+        }
+        self._partial = {"stdout": "", "stderr": ""}
+        self._shown = {"stdout": 0, "stderr": 0}
+        self._cut: set[str] = set()
+        self._gone = False
+        #: Streams the report must show again: not everything of them was shown here.
+        self.incomplete: set[str] = set()
+
+    def __call__(self, chunk: OutputChunk) -> None:
+        if self._gone:
+            return
+        try:
+            self._show(chunk)
+        except OSError:
+            # Nobody reads any more (a closed pipe, a hung-up terminal): nothing more is
+            # shown, and the command ends as it would have (see cli.py).
+            self._gone = True
+
+    def _show(self, chunk: OutputChunk) -> None:
+        name = chunk.stream
+        out = _stream_for(name)
+        room = LIVE_STREAM_BYTES - self._shown[name]
+        if room <= 0:
+            if name not in self._cut:
+                # Said once, when more than the bound arrived.
+                self._flush(name)
+                self._cut.add(name)
+                self.incomplete.add(name)
+                out.write(
+                    f"{SUMMARY_MARK} {name}: more than {LIVE_STREAM_BYTES} bytes; the rest is "
+                    "not shown as it arrives\n"
+                )
+            return
+        if chunk.skipped_bytes:
+            self._flush(name)
+            self.incomplete.add(name)
+            out.write(
+                f"{SUMMARY_MARK} {name}: {chunk.skipped_bytes} bytes came faster than they "
+                "could be shown\n"
+            )
+        data, rest = chunk.data[:room], chunk.data[room:]
+        self._shown[name] += len(data)
+        text = self._partial[name] + self._decoders[name].decode(data)
+        end = text.rfind("\n") + 1
+        if len(text) - end > LIVE_LINE_CHARS:
+            end = len(text)
+        if end:
+            out.write(visible(text[:end], block=True) + "\n")
+            out.flush()
+        self._partial[name] = text[end:]
+        if rest:
+            self._show(OutputChunk(name, rest))  # past the bound: says so
+
+    def finish(self) -> None:
+        """The program ended: a last line without its newline is shown."""
+        for name in ("stdout", "stderr"):
+            if name not in self._cut:
+                self._partial[name] += self._decoders[name].decode(b"", final=True)
+            if not self._gone:
+                try:
+                    self._flush(name)
+                except OSError:
+                    self._gone = True
+
+    def _flush(self, name: str) -> None:
+        if self._partial[name]:
+            out = _stream_for(name)
+            out.write(visible(self._partial[name], block=True) + "\n")
+            out.flush()
+            self._partial[name] = ""
+
+
+def _stream_for(name: str) -> TextIO:
+    return sys.stdout if name == "stdout" else sys.stderr
+
+
 def print_summary(
-    result: ExecutionResult, *, artifacts: bool = False, explain: bool = False
+    result: ExecutionResult,
+    *,
+    artifacts: bool = False,
+    explain: bool = False,
+    streamed: Collection[str] = (),
 ) -> None:
     """The result for a person: the program's streams as blocks under a gutter (stdout here,
     stderr on stderr), then the report, each of its lines after the summary mark: what it
     returned or how it failed, the files written with ``--artifacts``, the guidance for a
     model only with ``--explain``, and the level line last. Attachment handles are not
-    shown: the CLI's store ends with it, so only ``--json`` records them."""
+    shown: the CLI's store ends with it, so only ``--json`` records them. ``streamed``: the
+    streams shown whole as they arrived (:class:`LiveOutput`), not shown again."""
     out = sys.stdout
 
     def say(line: str) -> None:
         out.write(f"{SUMMARY_MARK} {line}\n")
 
-    if result.stdout:
+    if result.stdout and "stdout" not in streamed:
         out.write(visible(result.stdout, block=True) + "\n")
         out.flush()  # before stderr, so the two keep their order on one terminal
-    if result.stderr:
+    if result.stderr and "stderr" not in streamed:
         sys.stderr.write(visible(result.stderr, block=True) + "\n")
         sys.stderr.flush()
     info = result.stdout_info

@@ -149,6 +149,10 @@ class ProgramTerms:
     command: CommandSpec | None = None
     #: Files the child places in its workspace first.
     inputs: tuple[InputFile, ...] = ()
+    #: The caller's code and names given to the program, and whether its variables come back.
+    preamble: str | None = None
+    variables_json: str | None = None
+    keep_variables: bool = False
 
     @property
     def refused(self) -> bool:
@@ -180,6 +184,7 @@ class Conversation:
         self.value: Any = None
         self.collector: ChannelCollector | None = None
         self._value_cap = 0
+        self._keep_variables = False
         self._pending: ResultFrame | None = None
         #: The run frame carried a command: only its result may say "exited".
         self._command = False
@@ -266,6 +271,10 @@ class Conversation:
         if self._command and frame.outcome not in ("exited", "raised"):
             # A bootstrap that does not know command mode ran the empty source instead.
             return self._violated(f"a command's result has outcome {frame.outcome!r}")
+        if frame.variables_json is not None and not (
+            self._keep_variables and frame.outcome == "returned"
+        ):
+            return self._violated("a result frame carries variables the run frame did not ask for")
         if frame.outcome != "returned" or frame.value_json is None:
             return self.value_decoded(None, frame)
         self._pending = frame
@@ -311,6 +320,7 @@ class Conversation:
         self._command = terms.command is not None
         limits = terms.limits
         self._value_cap = limits.return_value_bytes
+        self._keep_variables = terms.keep_variables
         return [
             # From here on each kind of frame is held to what these terms allow it to weigh.
             Narrow(
@@ -337,6 +347,9 @@ class Conversation:
                     ),
                     artifacts=None if terms.collector is None else terms.collector.request,
                     end_marker=terms.end_marker,
+                    preamble=terms.preamble,
+                    variables_json=terms.variables_json,
+                    keep_variables=terms.keep_variables,
                 )
             ),
         ]

@@ -216,8 +216,13 @@ class ChildDriver:
             # that finds and prints it only cuts its own output short).
             marker = f"<psych-sandbox-end:{secrets.token_hex(16)}>"
         encoded = None if marker is None else marker.encode("ascii")
-        self._stdout = StreamCapture(plan.limits.stdout_bytes, encoded)
-        self._stderr = StreamCapture(plan.limits.stderr_bytes, encoded)
+        relay = plan.relay
+        self._stdout = StreamCapture(
+            plan.limits.stdout_bytes, encoded, None if relay is None else relay.listener("stdout")
+        )
+        self._stderr = StreamCapture(
+            plan.limits.stderr_bytes, encoded, None if relay is None else relay.listener("stderr")
+        )
         early: _EarlyDelivery | None = None
         if marker is not None and on_early_result is not None:
             deliver_to = on_early_result
@@ -337,6 +342,9 @@ class ChildDriver:
             end_marker=end_marker,
             command=plan.command,
             inputs=plan.inputs,
+            preamble=plan.preamble,
+            variables_json=plan.variables_json,
+            keep_variables=plan.keep_variables,
         )
         if not terms.refused:
             self._calls = calls

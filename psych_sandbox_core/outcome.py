@@ -13,12 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ErrorKind
+from .errors import ErrorKind, ProtocolViolation
 from .grading import Grade, Guarantee, Level, level_at_least, level_of
 from .plan import ExecutionPlan
 from .preservation import Preserved
 from .process import ExitStatus
 from .protocol import ResultFrame
+from .protocol.codec import decode_value_json
 from .protocol.limits import MAX_SOURCE_BYTES
 from .result import CallRecord, ExecutionFailure, ExecutionResult, Usage
 from .terms import ExecutionLimits
@@ -65,7 +66,9 @@ class Happened:
 
 def refusal_of(plan: ExecutionPlan, grades: Mapping[Guarantee, Grade]) -> ExecutionFailure | None:
     """Why the program must not be sent to a child graded ``grades``, or None."""
-    return _terms_refusal(plan, grades) or _unsendable_source(plan.source)
+    return _terms_refusal(plan, grades) or _unsendable_source(
+        plan.source, len(plan.preamble or "") + len(plan.variables_json or "")
+    )
 
 
 def _terms_refusal(
@@ -99,13 +102,15 @@ def _terms_refusal(
     return None
 
 
-def _unsendable_source(source: str) -> ExecutionFailure | None:
-    """A program text no run frame can carry: refused as data, before anything runs."""
-    if len(source) > MAX_SOURCE_BYTES:
+def _unsendable_source(source: str, given: int = 0) -> ExecutionFailure | None:
+    """A program text no run frame can carry: refused as data, before anything runs.
+    ``given``: characters of the caller's preamble and variables, counted with it."""
+    if len(source) + given > MAX_SOURCE_BYTES:
+        besides = f" and {given} of preamble and variables" if given else ""
         return ExecutionFailure.of(
             ErrorKind.PROGRAM_REJECTED,
-            f"the program text is {len(source)} characters; at most {MAX_SOURCE_BYTES} are "
-            "accepted; nothing was run",
+            f"the program text is {len(source)} characters{besides}; at most "
+            f"{MAX_SOURCE_BYTES} are accepted; nothing was run",
         )
     try:
         source.encode("utf-8")
@@ -278,6 +283,7 @@ def assemble(
         skipped_artifacts_unlisted=kept.skipped_unlisted,
         return_value=value,
         exit_status=exit_status_of(h, failure),
+        variables=_variables(h, value_shown=returned_json(h, failure) is not None),
         error=failure,
         level=level_of(h.grades),
         grades={g: h.grades[g] for g in Guarantee if g in h.grades},
@@ -294,3 +300,19 @@ def assemble(
         backend=plan.backend_identity,
         calls=[CallRecord.model_validate(call) for call in h.calls],
     )
+
+
+def _variables(h: Happened, *, value_shown: bool) -> dict[str, Any] | None:
+    """The program's variables, when asked for and it returned (see RunFrame.keep_variables).
+    The child's text is hostile input: held to the return value's cap, decoded as a value is,
+    and an object or nothing."""
+    text = None if h.result is None else h.result.variables_json
+    if not (h.plan.keep_variables and value_shown) or text is None:
+        return None
+    try:
+        variables = decode_value_json(text, h.plan.limits.return_value_bytes)
+    except ProtocolViolation:
+        return None
+    if not isinstance(variables, dict):
+        return None
+    return variables

@@ -10,6 +10,7 @@ says how many bytes and lines were left out between them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -30,7 +31,12 @@ class StreamCapture:
     join seamlessly; past it, the middle is counted (bytes and newlines) but not kept.
     """
 
-    def __init__(self, cap: int, end_marker: bytes | None = None) -> None:
+    def __init__(
+        self,
+        cap: int,
+        end_marker: bytes | None = None,
+        listener: Callable[[bytes], None] | None = None,
+    ) -> None:
         if cap < 0:
             raise ValueError("the capture cap cannot be negative")
         if end_marker is not None and not end_marker:
@@ -51,6 +57,8 @@ class StreamCapture:
         self.total_newlines = 0
         #: The last byte seen, to count a final line that has no newline.
         self._last = b""
+        #: Shown each piece of program output as it is kept (streaming.py); never waits.
+        self.listener = listener
 
     def feed(self, data: bytes) -> None:
         marker = self.end_marker
@@ -86,6 +94,8 @@ class StreamCapture:
         self.total_bytes += len(data)
         self.total_newlines += data.count(b"\n")
         self._last = data[-1:]
+        if self.listener is not None:
+            self.listener(data)
         room = self.head_cap - len(self._head)
         if room > 0:
             self._head += data[:room]

@@ -11,6 +11,7 @@ from .grading import Level
 from .preservation import OutputContext
 from .protocol.frames import CommandSpec, InputFile
 from .result import BackendIdentity, ExecutionFailure
+from .streaming import OutputRelay
 from .terms import ExecutionLimits
 
 
@@ -42,3 +43,11 @@ class ExecutionPlan:
     command: CommandSpec | None = None
     #: Files the child places in its workspace before the program starts (see inputs.py).
     inputs: tuple[InputFile, ...] = ()
+    #: Hands the program's output to a callback while it runs (streaming.py); None: nobody.
+    relay: OutputRelay | None = None
+    #: Code run ahead of the program in its namespace (Sandbox.run's ``preamble``).
+    preamble: str | None = None
+    #: Names given to the program as a JSON object's text (Sandbox.run's ``variables``).
+    variables_json: str | None = None
+    #: Hand back the program's global names that hold JSON data (``result.variables``).
+    keep_variables: bool = False

@@ -198,6 +198,10 @@ class ExecutionResult(BaseModel):
     #: error). A command that exits non-zero has no error: its status is its answer. Left
     #: out of the JSON form when None.
     exit_status: int | None = None
+    #: With ``keep_variables``: the program's global names holding JSON data when it
+    #: returned (None otherwise, or when what the child sent is not a JSON object within the
+    #: return value's cap), to give the next program as ``variables``.
+    variables: dict[str, Any] | None = None
     error: ExecutionFailure | None
     #: The level the grades earn, and the grades themselves.
     level: Level

@@ -6,8 +6,9 @@ import dataclasses
 import difflib
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -16,6 +17,7 @@ from .attachments import DEFAULT_RUNS_IN_MEMORY, DEFAULT_WINDOW_BYTES, Attachmen
 from .backend import Backend
 from .bindings import BindingProvider, CallServer, ExecutionScope, ToolSpec
 from .blobstore import BlobStore
+from .catalogue import NAMESPACE_NAMES
 from .command import command_spec
 from .config import ConfigSource, check_config, create_backend, resolve_config
 from .errors import (
@@ -48,6 +50,7 @@ from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
 from .selection import Selection
 from .selection_cache import SelectionCache
 from .state import state_directory
+from .streaming import OutputCallback, relaying
 from .trials import remembered_or_selected, select_default
 
 
@@ -173,20 +176,41 @@ class Sandbox:
         cancel: anyio.Event | None = None,
         require_preservation: bool = False,
         inputs: Inputs | None = None,
+        on_output: OutputCallback | None = None,
+        preamble: str | None = None,
+        variables: Mapping[str, Any] | None = None,
+        keep_variables: bool = False,
     ) -> ExecutionResult:
         """Run one program. Raises only for misuse (closed sandbox, inputs it cannot take:
-        InvalidRequestError) or configuration.
+        InvalidRequestError) or configuration, or what ``on_output`` raised.
 
         The terms are the intersection of the backend's capability, ``policy``, ``request``
         (``timeout`` is a shortcut that narrows its wall clock) and the profile's caps. A
         request that cannot be met is a refusal on the result, never an exception.
         ``inputs`` maps file names to bytes or host paths: those files are in the program's
         workspace when it starts (see docs/embedding.md).
+        ``on_output`` is handed the program's stdout and stderr while it runs (see
+        streaming.py and docs/streaming.md); the result is the same with or without it.
+
+        ``preamble`` is code run ahead of the program in its namespace, compiled apart (its
+        frames are left out of tracebacks, which show the program's own lines);
+        ``variables`` are names given to the program (JSON data); with ``keep_variables``
+        the result's ``variables`` holds the program's global names that hold JSON data,
+        for the next program. Preamble and variables count toward the program size limit.
+        See docs/preamble.md.
         """
         if self._closed:
             raise SandboxClosedError("run() called on a closed Sandbox")
         if not isinstance(source, str):
             raise TypeError("source must be a str")
+        if preamble is not None and not isinstance(preamble, str):
+            raise TypeError("preamble must be a str")
+        variables_json = None if variables is None else given_variables(variables)
+        for given in (preamble, variables_json):
+            # The caller's text, not the model's: a lone surrogate is a mistake said at once
+            # (UnicodeEncodeError), where the program's own is refused on the result.
+            if given is not None:
+                given.encode("utf-8")
         return await self._execute(
             source,
             None,
@@ -198,6 +222,10 @@ class Sandbox:
             run_id=run_id,
             cancel=cancel,
             require_preservation=require_preservation,
+            on_output=on_output,
+            preamble=preamble,
+            variables_json=variables_json,
+            keep_variables=keep_variables,
         )
 
     async def exec(
@@ -214,6 +242,7 @@ class Sandbox:
         cancel: anyio.Event | None = None,
         require_preservation: bool = False,
         inputs: Inputs | None = None,
+        on_output: OutputCallback | None = None,
     ) -> ExecutionResult:
         """Run one command where a program would run: the same containment, limits, grades,
         output caps and workspace (command mode, docs/command-mode.md). ``command`` is an
@@ -221,7 +250,8 @@ class Sandbox:
         by ``/bin/sh -c``. The result's ``exit_status`` is the command's when it ran to its
         own exit; a timeout, a limit or a refusal is its ``error`` as for a program, and a
         profile whose backend does not run commands is refused (policy_refused). Raises only
-        for misuse (InvalidRequestError for a command or inputs no run can take)."""
+        for misuse (InvalidRequestError for a command or inputs no run can take), or what
+        ``on_output`` (as for run) raised."""
         if self._closed:
             raise SandboxClosedError("exec() called on a closed Sandbox")
         spec = command_spec(command, shell=shell)
@@ -236,6 +266,7 @@ class Sandbox:
             run_id=run_id,
             cancel=cancel,
             require_preservation=require_preservation,
+            on_output=on_output,
         )
 
     async def _execute(
@@ -251,6 +282,10 @@ class Sandbox:
         run_id: str | None,
         cancel: anyio.Event | None,
         require_preservation: bool,
+        on_output: OutputCallback | None = None,
+        preamble: str | None = None,
+        variables_json: str | None = None,
+        keep_variables: bool = False,
     ) -> ExecutionResult:
         loaded = await self._load(request.profile)
         terms = narrow(
@@ -331,9 +366,16 @@ class Sandbox:
             ),
             command=command,
             inputs=files,
+            preamble=preamble,
+            variables_json=variables_json,
+            keep_variables=keep_variables,
         )
         pool = self._pool(loaded)
-        result = await pool.run(plan) if pool is not None else await execute(loaded.backend, plan)
+        async with relaying(on_output) as relay:
+            plan = dataclasses.replace(plan, relay=relay)
+            result = (
+                await pool.run(plan) if pool is not None else await execute(loaded.backend, plan)
+            )
         if self._forget_stale_choice(loaded, result):
             # The remembered backend no longer starts here, so the program did not run:
             # choose again with trials and run it, as if nothing had been remembered.
@@ -348,6 +390,10 @@ class Sandbox:
                 run_id=run_id,
                 cancel=cancel,
                 require_preservation=require_preservation,
+                on_output=on_output,
+                preamble=preamble,
+                variables_json=variables_json,
+                keep_variables=keep_variables,
             )
         return _with_notes(result, loaded.selection)
 
@@ -558,3 +604,25 @@ _NOT_RUN = frozenset(
         ErrorKind.POLICY_REFUSED,
     }
 )
+
+
+def given_variables(variables: Mapping[str, Any]) -> str:
+    """``variables`` as the JSON object text a run frame carries; raises TypeError or
+    ValueError for a name that is not a plain identifier (or is the namespace's own, or
+    starts with "_") or a value that is not JSON data: the caller's mistake, said at once."""
+    import json
+    import keyword
+
+    for name in variables:
+        if (
+            not isinstance(name, str)
+            or not name.isidentifier()
+            or keyword.iskeyword(name)
+            or name.startswith("_")
+            or name in NAMESPACE_NAMES
+        ):
+            raise ValueError(f"variables: {name!r} cannot be given to a program as a name")
+    try:
+        return json.dumps(dict(variables), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"variables must be JSON data: {exc}") from None

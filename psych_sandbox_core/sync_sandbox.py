@@ -18,11 +18,11 @@ import functools
 import signal
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -42,6 +42,7 @@ from .result import ExecutionResult
 from .runlog import RunLog
 from .sandbox import Sandbox
 from .selection import Selection
+from .streaming import OutputChunk
 
 T = TypeVar("T")
 
@@ -262,8 +263,13 @@ class SyncSandbox:
         cancel: Cancellation | None = None,
         require_preservation: bool = False,
         inputs: Inputs | None = None,
+        on_output: Callable[[OutputChunk], None] | None = None,
+        preamble: str | None = None,
+        variables: Mapping[str, Any] | None = None,
+        keep_variables: bool = False,
     ) -> ExecutionResult:
         """Run one program and wait for its result (see :meth:`Sandbox.run`).
+        ``on_output`` is called in a worker thread, never in the caller's.
 
         A KeyboardInterrupt while waiting cancels the execution, waits for its teardown and
         is re-raised.
@@ -282,6 +288,10 @@ class SyncSandbox:
                 run_id=run_id,
                 require_preservation=require_preservation,
                 inputs=inputs,
+                on_output=on_output,
+                preamble=preamble,
+                variables=variables,
+                keep_variables=keep_variables,
             ),
             cancel,
         )
@@ -300,9 +310,11 @@ class SyncSandbox:
         cancel: Cancellation | None = None,
         require_preservation: bool = False,
         inputs: Inputs | None = None,
+        on_output: Callable[[OutputChunk], None] | None = None,
     ) -> ExecutionResult:
         """Run one command and wait for its result (see :meth:`Sandbox.exec`); a
-        KeyboardInterrupt cancels it as it does a run."""
+        KeyboardInterrupt cancels it as it does a run, and ``on_output`` is called as for
+        :meth:`run`."""
         return self._execution(
             "exec",
             functools.partial(
@@ -317,6 +329,7 @@ class SyncSandbox:
                 run_id=run_id,
                 require_preservation=require_preservation,
                 inputs=inputs,
+                on_output=on_output,
             ),
             cancel,
         )

@@ -305,6 +305,22 @@ def test_a_raised_outcome_without_an_error_is_a_violation() -> None:
     assert c.violation == "a result frame with outcome 'raised' carries no error"
 
 
+def test_variables_the_run_frame_did_not_ask_for_are_a_violation() -> None:
+    # The program can write its own result frame: variables nobody asked for, or sent with
+    # a failure, are not taken.
+    for keep, outcome in ((False, "returned"), (True, "invalid_output")):
+        c = fresh()
+        c.receive(hello())
+        perform_sends(c, c.start(terms(keep_variables=keep)))
+        c.receive(result(outcome=outcome, variables_json="{}", detail="d"))
+        assert c.violation == "a result frame carries variables the run frame did not ask for"
+    asked = fresh()
+    asked.receive(hello())
+    perform_sends(asked, asked.start(terms(keep_variables=True)))
+    frame = result(value_json="1", variables_json='{"a": 1}')
+    assert asked.receive(frame) == [DecodeValue(frame, LIMITS.return_value_bytes)]
+
+
 def test_a_collecting_runs_channel_is_held_after_its_result() -> None:
     c = in_state(State.COLLECTING_ARTIFACTS)
     assert c.receive(result()) == []  # no Close: read to its end after the teardown

@@ -87,3 +87,11 @@ def test_command_mode_guide_example_runs_and_prints_what_it_claims() -> None:
 
 def test_bindings_guide_example_runs_and_prints_what_it_claims() -> None:
     _run_guide("bindings.md")
+
+
+def test_streaming_guide_example_runs_and_prints_what_it_claims() -> None:
+    _run_guide("streaming.md")
+
+
+def test_preamble_guide_example_runs_and_prints_what_it_claims() -> None:
+    _run_guide("preamble.md")

@@ -117,6 +117,10 @@ class ResultFrame(Frame):
     detail: Text | None
     #: A command's exit status (0-255) when the outcome is "exited"; None otherwise.
     exit_status: Annotated[int, Field(ge=0, le=255)] | None = None
+    #: The program's global names holding JSON data, as a JSON object's text, when the run
+    #: frame asked for them (keep_variables) and the program returned; within the return
+    #: value's cap together with value_json.
+    variables_json: str | None = None
 
 
 ArtifactPath = Annotated[str, Field(min_length=1, max_length=MAX_ARTIFACT_PATH_CHARS)]
@@ -236,6 +240,13 @@ class RunFrame(Frame):
     #: flushed, before the result frame: the host then knows both streams are complete
     #: without waiting for their end (None: the host waits for the end, as always).
     end_marker: Annotated[str, Field(pattern=r"^[\x21-\x7e]{16,128}$")] | None = None
+    #: Code run ahead of the program in its namespace, compiled as a file of its own so the
+    #: program's line numbers stay its own (the caller's, not the model's).
+    preamble: Annotated[str, Field(max_length=MAX_SOURCE_BYTES)] | None = None
+    #: Names given to the program, as a JSON object's text (identifiers, checked by the host).
+    variables_json: Annotated[str, Field(max_length=MAX_SOURCE_BYTES)] | None = None
+    #: Send back the program's global names that hold JSON data with its result.
+    keep_variables: bool = False
 
 
 class AbortFrame(Frame):

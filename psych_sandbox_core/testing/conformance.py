@@ -368,12 +368,22 @@ class BackendConformance:
         *,
         bindings: BindingProvider | None = None,
         options: dict[str, Any] | None = None,
+        preamble: str | None = None,
+        variables: dict[str, Any] | None = None,
+        keep_variables: bool = False,
         **limits: Any,
     ) -> ExecutionResult:
         """One program in a sandbox of its own, closed (and so torn down) on return."""
         config = self.config(options=options, **limits)
         async with Sandbox(config, registry=self.registry()) as sandbox:
-            return await sandbox.run(source, profile=self.profile, bindings=bindings)
+            return await sandbox.run(
+                source,
+                profile=self.profile,
+                bindings=bindings,
+                preamble=preamble,
+                variables=variables,
+                keep_variables=keep_variables,
+            )
 
     async def exec(
         self,
@@ -436,10 +446,17 @@ class BackendConformance:
 
     @pytest.mark.anyio
     async def test_prints_and_returns_at_the_declared_level(self) -> None:
-        result = await self.run("print('hello')\nx = 6 * 7\nx")
+        # With names given (variables, then a preamble) and the program's handed back.
+        result = await self.run(
+            "print(greeting)\nx = 6 * seven()\nx",
+            variables={"greeting": "hello"},
+            preamble="import math\n\ndef seven():\n    return 7\n",
+            keep_variables=True,
+        )
         assert result.error is None, result.error
         assert result.stdout == "hello\n"
         assert result.return_value == 42
+        assert result.variables == {"greeting": "hello", "x": 42}
         assert result.backend.id == self.backend
         assert result.level == self.level
         for guarantee in sorted(self.enforced):
@@ -447,8 +464,10 @@ class BackendConformance:
 
     @pytest.mark.anyio
     async def test_exception_reports_the_program_lines(self) -> None:
+        # A preamble ahead of the program moves none of its lines and shows no frame.
         result = await self.run(
-            "def inner():\n    raise ValueError('boom')\n\nprint('before')\ninner()\n"
+            "def inner():\n    raise ValueError(boom)\n\nprint('before')\ninner()\n",
+            preamble="def _unused():\n    pass\n\n\nboom = 'boom'\n",
         )
         error = result.error
         assert error is not None

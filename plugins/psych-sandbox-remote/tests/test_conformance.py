@@ -48,3 +48,36 @@ class TestRemoteConformance(BackendConformance):
                 os.environ.pop(TOKEN_ENV, None)
             else:
                 os.environ[TOKEN_ENV] = previous
+
+    @pytest.mark.anyio
+    @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+    async def test_output_streams_across_the_wire_while_the_program_runs(
+        self, anyio_backend: str
+    ) -> None:
+        import anyio
+        from psych_sandbox_core import FunctionBindings, OutputChunk
+
+        streamed: list[bytes] = []
+        first_line = anyio.Event()
+
+        async def on_output(chunk: OutputChunk) -> None:
+            streamed.append(chunk.data)
+            if b"".join(streamed).startswith(b"one\n"):
+                first_line.set()
+
+        async def seen() -> str:
+            # Answered only once the line printed before the call came across: output
+            # relayed only at the end would leave the program waiting here until its wall
+            # clock ran out.
+            await first_line.wait()
+            return "seen"
+
+        async with self.sandbox() as sandbox:
+            result = await sandbox.run(
+                "print('one')\nprint(await seen())",
+                profile=self.profile,
+                bindings=FunctionBindings({"seen": seen}),
+                on_output=on_output,
+            )
+        assert result.ok, result.error
+        assert b"".join(streamed) == b"one\nseen\n" == result.stdout.encode()
