@@ -11,23 +11,24 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteStream
+from anyio.abc import ByteReceiveStream
 
 from .artifact_channel import ChannelCollector
 from .artifacts import Collection, collection_failure
 from .backend import Launched
 from .bindings import CallServer
-from .channel import INLINE_DECODE_BYTES, ChannelListener, FrameChannel
+from .calls_in_flight import CallsInFlight, calls_in_flight
+from .channel import INLINE_DECODE_BYTES
 from .conversation import (
     Action,
     Answer,
+    CancelCall,
     Close,
     Conversation,
     DecodeValue,
@@ -37,15 +38,14 @@ from .conversation import (
     State,
 )
 from .errors import ProtocolViolation
+from .link import FrameLink, open_link
 from .outcome import Happened, assemble, failure_of, refusal_of, returned_json, withheld
 from .output import StreamCapture
 from .plan import ExecutionPlan
 from .preservation import artifact_collector, collect_artifacts, preserve, unavailable_failure
 from .probe_harness import ProbeHarness
 from .process import ExitStatus
-from .protocol import ChildFrame, HostFrame
 from .protocol.codec import decode_value_json
-from .protocol.framing import FrameCeilings
 from .result import ExecutionFailure, ExecutionResult
 from .starting import HANDSHAKE_SECONDS
 
@@ -54,26 +54,6 @@ DRAIN_AFTER_EXIT_SECONDS = 2.0
 #: After a warm result was handed back early, how long the teardown waits for the child's
 #: own exit before killing it (it exits right after its result frame).
 EXIT_AFTER_EARLY_RESULT_SECONDS = 2.0
-
-
-class FrameLink(Protocol):
-    """Where the driver reads child frames and writes host frames. :class:`FrameChannel` is
-    the link over any byte stream or socket (it holds each frame to ``ceilings`` while the
-    frame arrives); a transport that is not a byte stream implements this instead."""
-
-    ceilings: FrameCeilings
-
-    async def receive(self) -> ChildFrame | None: ...
-
-    async def send(self, frame: HostFrame) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
-async def open_link(listener: ChannelListener) -> FrameLink:
-    """The link over the connection a child made to ``listener``."""
-    accepted: ByteStream | socket.socket = await listener.accept()
-    return FrameChannel(accepted)
 
 
 @dataclass(frozen=True)
@@ -136,6 +116,7 @@ class ChildDriver:
         #: read to its end, and a frame after the result is a protocol violation.
         self._held: FrameLink | None = None
         self._calls: CallServer | None = None
+        self._flight: CallsInFlight | None = None
         #: Listener connections accounted to the child's own probe, and those seen after it.
         self._probe_connections = 0
         self._connections_during_run = 0
@@ -304,12 +285,14 @@ class ChildDriver:
                 conversation.network_reached()
             terms = self._terms(plan, end_marker)
             await self._perform(conversation.start(terms))
-            while conversation.listening:
-                actions = await self._next()
-                await self._perform(actions)
-                # Dropped before the next frame is read: a wide tree freed young is never
-                # aged by the collector (see protocol/codec.py).
-                del actions
+            if conversation.listening:
+                assert self._calls is not None and self._link is not None
+                async with calls_in_flight(
+                    self._calls, self._link, conversation, terms.calls_in_flight
+                ) as self._flight:
+                    await self._program_frames(self._flight)
+                if self._flight.cpu_spent:
+                    raise _CpuSpentWithHost()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             conversation.receive(None)  # the child went away; its exit status says how
         finally:
@@ -320,6 +303,21 @@ class ChildDriver:
             ):
                 self._held, self._link = self._link, None
             await self.close_link()
+
+    async def _program_frames(self, flight: CallsInFlight) -> None:
+        """Read the running program's frames, calls served meanwhile, to its end."""
+        conversation = self.conversation
+        try:
+            while conversation.listening:
+                actions = await self._next()
+                await self._perform(actions)
+                # Dropped before the next frame is read: a wide tree freed young is never
+                # aged by the collector (see protocol/codec.py).
+                del actions
+                if conversation.state is not State.RUNNING:
+                    flight.end()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            conversation.receive(None)  # the child went away; its exit status says how
 
     def _terms(self, plan: ExecutionPlan, end_marker: str | None) -> ProgramTerms:
         calls = plan.calls if plan.calls is not None else CallServer(None, [])
@@ -352,19 +350,12 @@ class ChildDriver:
         conversation = self.conversation
         for action in actions:
             if isinstance(action, Answer):
-                calls, link = self._calls, self._link
-                assert calls is not None and link is not None
-                try:
-                    reply = await calls.answer(action.call)
-                except ProtocolViolation as exc:
-                    await self._perform(conversation.violate(str(exc)))
-                    return
+                assert self._flight is not None
+                await self._perform(await self._flight.accept(action.call))
                 del action
-                await link.send(reply)
-                conversation.sent(reply)
-                if calls.work.exhausted():
-                    # The host's work for it and its own CPU reached its CPU limit.
-                    raise _CpuSpentWithHost()
+            elif isinstance(action, CancelCall):
+                assert self._flight is not None
+                await self._perform(self._flight.cancel(action.frame.id))
             elif isinstance(action, Send):
                 assert self._link is not None
                 await self._link.send(action.frame)
