@@ -390,7 +390,7 @@ class CallServer:
                 # Encoding holds the interpreter lock, and so the event loop, for milliseconds.
                 argument_bytes = await anyio.to_thread.run_sync(_json_bytes, frame.arguments)
         except BaseException:
-            await self._close_entry(accepted, CallErrorKind.CANCELLED.value)
+            await self.close(accepted)
             raise
         entry["argument_bytes"] = argument_bytes
         refusal = self.meter.admit_arguments(argument_bytes)
@@ -427,9 +427,11 @@ class CallServer:
             outcome = reply.error_kind or "ok"
             return self._finish(entry, reply)
         finally:
-            await self._close_entry(call, outcome)
+            await self.close(call, outcome)
 
-    async def _close_entry(self, call: AcceptedCall, outcome: str) -> None:
+    async def close(self, call: AcceptedCall, outcome: str = CallErrorKind.CANCELLED.value) -> None:
+        """Close an accepted call's run-log entry with ``outcome`` (once; its record says
+        cancelled until a reply is made for it)."""
         if call.seq is not None:
             seq, call.seq = call.seq, None
             assert self.run_log is not None

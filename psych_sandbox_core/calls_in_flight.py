@@ -20,6 +20,7 @@ wall clock, a cancellation), every call still in flight is cancelled and recorde
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -54,9 +55,19 @@ class CallsInFlight:
         self._limit = limit or DEFAULT_CALLS_IN_FLIGHT
         #: Each call in flight's id and the scope its tool runs in.
         self._flying: dict[int, anyio.CancelScope] = {}
+        #: Calls accepted whose record is not closed yet (see close_unfinished).
+        self._unfinished: dict[int, AcceptedCall] = {}
         #: Ids the child cancelled: one cancel per call, so this is bounded by the calls.
         self._cancelled: set[int] = set()
-        self._writing = anyio.Lock()
+        # Uncontended, taken without a trip through the event loop: one reply at a time.
+        self._writing = anyio.Lock(fast_acquire=True)
+        # Calls go to workers that stay for the execution: a task started per call, or a
+        # queue that passes through the event loop, would cost a single call's round trip
+        # more than the rest of the host's work for it.
+        self._pending: deque[tuple[AcceptedCall, anyio.CancelScope]] = deque()
+        #: How to wake each idle worker. Every call queued wakes one or starts one, so
+        #: there are never more workers than calls were ever in flight at once.
+        self._idle: list[anyio.Event] = []
         #: The host's work for the program (pattern searches) used up its CPU limit.
         self.cpu_spent = False
 
@@ -74,7 +85,12 @@ class CallsInFlight:
             return self._conversation.violate(str(exc))
         scope = anyio.CancelScope()
         self._flying[frame.id] = scope
-        self._tasks.start_soon(self._serve, call, scope)
+        self._unfinished[frame.id] = call
+        self._pending.append((call, scope))
+        if self._idle:
+            self._idle.pop().set()
+        else:
+            self._tasks.start_soon(self._worker)
         return []
 
     def cancel(self, call_id: int) -> list[Action]:
@@ -95,10 +111,26 @@ class CallsInFlight:
         for scope in self._flying.values():
             scope.cancel()
 
+    async def close_unfinished(self) -> None:
+        """Record as cancelled every call whose serving never began or never got to close
+        its record (the execution ended first): none is left dangling in the run log."""
+        for call in self._unfinished.values():
+            await self._calls.close(call)
+        self._unfinished.clear()
+
+    async def _worker(self) -> None:
+        while True:
+            while self._pending:
+                await self._serve(*self._pending.popleft())
+            wake = anyio.Event()
+            self._idle.append(wake)
+            await wake.wait()
+
     async def _serve(self, call: AcceptedCall, scope: anyio.CancelScope) -> None:
         call_id = call.frame.id
         try:
             reply = await self._calls.complete(call, scope)
+            del self._unfinished[call_id]
             async with self._writing:
                 if self._conversation.state is not State.RUNNING:
                     return  # the program ended: nobody reads this reply
@@ -124,10 +156,16 @@ async def calls_in_flight(
 ) -> AsyncIterator[CallsInFlight]:
     """Serve the program's calls for as long as the body reads its frames; on the way out
     every call still in flight is cancelled (and recorded so)."""
-    async with anyio.create_task_group() as tasks:
-        flight = CallsInFlight(calls, link, conversation, tasks, limit)
-        try:
-            yield flight
-        finally:
-            flight.end()
-            tasks.cancel_scope.cancel()
+    flight: CallsInFlight | None = None
+    try:
+        async with anyio.create_task_group() as tasks:
+            flight = CallsInFlight(calls, link, conversation, tasks, limit)
+            try:
+                yield flight
+            finally:
+                flight.end()
+                tasks.cancel_scope.cancel()
+    finally:
+        if flight is not None:
+            with anyio.CancelScope(shield=True):
+                await flight.close_unfinished()
