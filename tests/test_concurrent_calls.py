@@ -12,11 +12,16 @@ import anyio
 import pytest
 
 from psych_sandbox_core import BindingBudgets, DeploymentConfig, ErrorKind, ProfileConfig, Sandbox
-from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core.bindings import CallServer, FunctionBindings
+from psych_sandbox_core.calls_in_flight import calls_in_flight
+from psych_sandbox_core.conversation import State
+from psych_sandbox_core.protocol import CallFrame
+from psych_sandbox_core.protocol.framing import HANDSHAKE_CEILINGS
 from psych_sandbox_core.runlog import MemoryRunLog
 from psych_sandbox_core.terms import ExecutionLimits
 
 from .conftest import FAST_LIMITS, PROFILE
+from .test_conversation import in_state
 
 pytestmark = pytest.mark.anyio
 
@@ -48,6 +53,8 @@ class Tools:
         self._together = together
         self._all_started = anyio.Event()
         self.cancelled = anyio.Event()
+        #: Set when two calls of ``block`` are running.
+        self.two_blocking = anyio.Event()
 
     async def gathered(self, n: int) -> int:
         """Returns only once ``together`` calls are running at the same time."""
@@ -61,6 +68,8 @@ class Tools:
     async def block(self, tag: str) -> None:
         """Runs until it is cancelled."""
         self.events.append(("start", tag))
+        if sum(kind == "start" for kind, _ in self.events) == 2:
+            self.two_blocking.set()
         try:
             await anyio.sleep_forever()
         except anyio.get_cancelled_exc_class():
@@ -194,14 +203,25 @@ return "done"
     assert await log.dangling(RUN) == []
 
 
-async def test_calls_in_flight_when_the_wall_clock_ends_the_run_are_cancelled() -> None:
+async def test_calls_in_flight_when_the_run_is_cancelled_are_cancelled_and_recorded() -> None:
     tools = Tools()
-    result, log = await run(
-        "import asyncio\nawait asyncio.gather(block('a'), block('b'))",
-        tools,
-        deployment(wall_seconds=1.0),
-    )
-    assert result.error is not None and result.error.kind is ErrorKind.TIMEOUT
+    cancel = anyio.Event()
+    log = MemoryRunLog()
+
+    async def cancel_once_both_started() -> None:
+        await tools.two_blocking.wait()
+        cancel.set()
+
+    async with Sandbox(deployment(), run_log=log) as sandbox, anyio.create_task_group() as tg:
+        tg.start_soon(cancel_once_both_started)
+        result = await sandbox.run(
+            "import asyncio\nawait asyncio.gather(block('a'), block('b'))",
+            profile=PROFILE,
+            bindings=tools.bindings(),
+            run_id=RUN,
+            cancel=cancel,
+        )
+    assert result.error is not None and result.error.kind is ErrorKind.CANCELLED
     assert sorted(tag for kind, tag in tools.events if kind == "cancelled") == ["a", "b"]
     assert await logged(log) == [(0, "block", "cancelled"), (1, "block", "cancelled")]
 
@@ -213,10 +233,12 @@ PRELUDE = """
 import json, os, socket, sys
 FD = int(next(a for a in sys.argv if a.startswith("channel=fd:"))[len("channel=fd:"):])
 channel = socket.socket(fileno=os.dup(FD))
-def call(n, name="block", **arguments):
-    channel.sendall(json.dumps(
+def call_bytes(n, name="block", **arguments):
+    return json.dumps(
         {"type": "call", "id": n, "name": name, "arguments": {"tag": str(n), **arguments}}
-    ).encode() + b"\\n")
+    ).encode() + b"\\n"
+def call(n, name="block", **arguments):
+    channel.sendall(call_bytes(n, name, **arguments))
 def cancel(n):
     channel.sendall(json.dumps({"type": "cancel", "id": n}).encode() + b"\\n")
 def reply():
@@ -237,6 +259,10 @@ HOSTILE = {
     "more calls in flight than the limit": (
         "call(0)\ncall(1)\ncall(2)",
         "call 2 would be more than 2 calls in flight",
+    ),
+    "a call and garbage in one write": (
+        "channel.sendall(call_bytes(0) + b'junk\\n')",
+        "malformed frame from child",
     ),
     "a cancel frame too long": (
         "channel.sendall(b'{\"type\":\"cancel\",\"id\":0' + b' ' * 300 + b'}\\n')",
@@ -286,3 +312,45 @@ def test_the_cancel_frame_is_what_the_bootstrap_writes() -> None:
 
     line = json.dumps({"type": "cancel", "id": 3}, separators=(",", ":")).encode()
     assert decode_child_frame(line) == CancelFrame(type="cancel", id=3)
+
+
+class _QuietLink:
+    """A link nobody reads: replies are kept, nothing arrives."""
+
+    ceilings = HANDSHAKE_CEILINGS
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    async def receive(self) -> None:
+        await anyio.sleep_forever()
+
+    async def send(self, frame: Any) -> None:
+        self.sent.append(frame)
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_calls_in_flight_when_the_reading_ends_are_cancelled_and_closed() -> None:
+    # The program's frames stop (a violation, the channel's end) right after two calls were
+    # accepted: neither is left running, answered, or dangling in the run log.
+    tools = Tools()
+    log = MemoryRunLog()
+    server = CallServer(tools.bindings(), ["block", "quick"], run_log=log)
+    conversation = in_state(State.RUNNING, with_collector=False)
+    link = _QuietLink()
+    async with calls_in_flight(server, link, conversation, 4) as flight:
+        for n, name in enumerate(["block", "quick"]):
+            frame = CallFrame(type="call", id=n, name=name, arguments={"tag": name})
+            assert await flight.accept(frame) == []
+        conversation.violate("the test ends the program here")
+        flight.end()
+    assert link.sent == []
+    outcomes = [(e.call_id, e.outcome) for e in await log.entries(server.scope.run_id)]
+    # The tool that got as far as waiting saw its cancellation; the quick one may finish.
+    assert ("cancelled", "block") in tools.events
+    assert outcomes[0] == (0, "cancelled") and outcomes[1] in [(1, "ok"), (1, "cancelled")]
+    assert [c["outcome"] for c in server.record] == [o for _, o in outcomes]
+    assert await log.dangling(server.scope.run_id) == []
