@@ -66,7 +66,8 @@ class CallsInFlight:
         # more than the rest of the host's work for it.
         self._pending: deque[tuple[AcceptedCall, anyio.CancelScope]] = deque()
         #: How to wake each idle worker. Every call queued wakes one or starts one, so
-        #: there are never more workers than calls were ever in flight at once.
+        #: there are never more workers than calls were in flight at once (the limit, and
+        #: one whose reply is being written).
         self._idle: list[anyio.Event] = []
         #: The host's work for the program (pattern searches) used up its CPU limit.
         self.cpu_spent = False
