@@ -213,6 +213,18 @@ def test_violations_say_what_happened(state: State, frame: ChildFrame, message: 
     assert c.violation == message
 
 
+@pytest.mark.parametrize("then", [result, artifact], ids=["result", "artifact"])
+def test_a_reply_that_went_out_while_the_program_ended_is_no_error(
+    then: Callable[[], ChildFrame],
+) -> None:
+    # Replies are written while frames are read: the program's end may be read first.
+    c = in_state(State.RUNNING)
+    c.receive(then())
+    ended = c.state
+    c.sent(ReplyFrame(id=0, carries="value", value_json="1"))
+    assert c.state is ended and c.violation is None
+
+
 def test_a_hello_of_another_protocol_version_is_a_violation() -> None:
     c = fresh()
     c.receive(hello(protocol=PROTOCOL_VERSION + 1))
