@@ -319,7 +319,10 @@ class Channel:
             with self.state:
                 if call_id not in self.waiters:
                     return
-            self.send({"type": "cancel", "id": call_id})
+            try:
+                self.send({"type": "cancel", "id": call_id})
+            except OSError:
+                pass  # the host is gone: the reply reader ends this process
 
     def _take_place(self, grant):
         """Take a place among the calls in flight (True), or queue ``grant`` to be called
