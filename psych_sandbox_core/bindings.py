@@ -255,6 +255,17 @@ class _Handle:
 
 
 @dataclass
+class AcceptedCall:
+    """A call the server accepted: its record entry, its run-log entry while open, and its
+    reply when acceptance already decided it (a budget refused it)."""
+
+    frame: CallFrame
+    entry: dict[str, Any]
+    seq: int | None
+    reply: ReplyFrame | None = None
+
+
+@dataclass
 class CallServer:
     """Answers one execution's call frames: strict id order, offered names only, budgets
     enforced and every accepted call counted in the run log before the tool runs."""
@@ -326,6 +337,14 @@ class CallServer:
         return self._catalogue.entries()
 
     async def answer(self, frame: CallFrame) -> ReplyFrame:
+        """Accept one call and serve it to its reply (one call at a time)."""
+        return await self.complete(await self.accept(frame))
+
+    async def accept(self, frame: CallFrame) -> AcceptedCall:
+        """Take the next call, in the order the program made it: its id checked, its record
+        and run-log entry made, the call and argument budgets charged. Raises
+        ProtocolViolation for an id that is not the exact successor of the last (forged,
+        repeated or skipped) and for calls that go on long after the budget was spent."""
         if frame.id != self.expected_id:
             raise ProtocolViolation(
                 f"call id {frame.id} is not the successor of the last call "
@@ -347,7 +366,7 @@ class CallServer:
                 raise ProtocolViolation(
                     "the program kept calling bindings long after its call budget was spent"
                 )
-            return self._finish(entry, _error(frame.id, CallErrorKind.BUDGET_EXHAUSTED, refusal))
+            return self._refused(frame, entry, CallErrorKind.BUDGET_EXHAUSTED, refusal)
         assert self.run_log is not None
         seq = await self.run_log.begin_call(
             self.scope.run_id,
@@ -357,20 +376,65 @@ class CallServer:
             self.budgets.calls_per_run,
         )
         if seq is None:
-            return self._finish(
+            return self._refused(
+                frame,
                 entry,
-                _error(
-                    frame.id,
-                    CallErrorKind.BUDGET_EXHAUSTED,
-                    f"this run has spent its budget of {self.budgets.calls_per_run} binding calls",
-                ),
+                CallErrorKind.BUDGET_EXHAUSTED,
+                f"this run has spent its budget of {self.budgets.calls_per_run} binding calls",
             )
+        accepted = AcceptedCall(frame, entry, seq)
+        try:
+            if _few_elements(frame.arguments):
+                argument_bytes = _json_bytes(frame.arguments)
+            else:
+                # Encoding holds the interpreter lock, and so the event loop, for milliseconds.
+                argument_bytes = await anyio.to_thread.run_sync(_json_bytes, frame.arguments)
+        except BaseException:
+            await self.close(accepted)
+            raise
+        entry["argument_bytes"] = argument_bytes
+        refusal = self.meter.admit_arguments(argument_bytes)
+        if refusal is not None:
+            accepted.reply = _error(frame.id, CallErrorKind.BUDGET_EXHAUSTED, refusal)
+        return accepted
+
+    def _refused(
+        self, frame: CallFrame, entry: dict[str, Any], kind: CallErrorKind, message: str
+    ) -> AcceptedCall:
+        return AcceptedCall(frame, entry, None, _error(frame.id, kind, message))
+
+    async def complete(
+        self, call: AcceptedCall, scope: anyio.CancelScope | None = None
+    ) -> ReplyFrame:
+        """Serve an accepted call to its reply, counted and recorded. Cancelling ``scope``
+        (the program stopped waiting) cancels the tool and answers the call as cancelled;
+        a cancellation from outside (the execution ends) propagates, the call recorded as
+        cancelled either way."""
+        frame, entry = call.frame, call.entry
         outcome = CallErrorKind.CANCELLED.value
         try:
-            reply = await self._accepted(frame, entry)
+            if call.reply is not None:
+                reply = call.reply
+            else:
+                with scope if scope is not None else anyio.CancelScope() as within:
+                    reply = await self._accepted(frame)
+                if within.cancelled_caught:
+                    reply = _error(
+                        frame.id,
+                        CallErrorKind.CANCELLED,
+                        "the program stopped waiting for this call, and the tool was cancelled",
+                    )
             outcome = reply.error_kind or "ok"
             return self._finish(entry, reply)
         finally:
+            await self.close(call, outcome)
+
+    async def close(self, call: AcceptedCall, outcome: str = CallErrorKind.CANCELLED.value) -> None:
+        """Close an accepted call's run-log entry with ``outcome`` (once; its record says
+        cancelled until a reply is made for it)."""
+        if call.seq is not None:
+            seq, call.seq = call.seq, None
+            assert self.run_log is not None
             # Shielded: a cancelled execution still ends its call in the log, never dangling.
             with anyio.CancelScope(shield=True):
                 await self.run_log.finish_call(seq, outcome)
@@ -384,16 +448,7 @@ class CallServer:
             entry["stored_bytes"] = reply.handle["bytes"]
         return reply
 
-    async def _accepted(self, frame: CallFrame, entry: dict[str, Any]) -> ReplyFrame:
-        if _few_elements(frame.arguments):
-            argument_bytes = _json_bytes(frame.arguments)
-        else:
-            # Encoding holds the interpreter lock, and so the event loop, for milliseconds.
-            argument_bytes = await anyio.to_thread.run_sync(_json_bytes, frame.arguments)
-        entry["argument_bytes"] = argument_bytes
-        refusal = self.meter.admit_arguments(argument_bytes)
-        if refusal is not None:
-            return _error(frame.id, CallErrorKind.BUDGET_EXHAUSTED, refusal)
+    async def _accepted(self, frame: CallFrame) -> ReplyFrame:
         if frame.name in self._suspending:
             return _error(
                 frame.id,

@@ -258,21 +258,6 @@ class Channel:
         self.granting = []  # grant() of each call waiting for a place, in order
         self.state = _thread.allocate_lock()  # guards the three above; held only briefly
         self.reading = False
-        self.settled = None  # released when the last call in flight has its reply
-
-    def wait_for_replies(self):
-        """Return once every call sent has its reply, even those the program stopped waiting
-        for: a host that answers one call at a time reads the result only after answering
-        the calls before it, and must find this process there to take those replies."""
-        state = getattr(self, "state", None)
-        if state is None:
-            return  # no program ran (a command, or inputs that could not be written)
-        with state:
-            if not getattr(self, "waiters", None):
-                return
-            self.settled = _thread.allocate_lock()
-            self.settled.acquire()
-        self.settled.acquire()
 
     def call(self, name, arguments_json):
         """One call from a thread with no event loop running: block until its reply."""
@@ -299,8 +284,8 @@ class Channel:
 
     async def call_async(self, name, arguments_json, loop):
         """One call from a coroutine on ``loop``, which runs on while the call is in flight.
-        A call cancelled while it waits (wait_for, a cancelled task) stops waiting; its reply
-        is dropped when it comes."""
+        A call cancelled while it waits (wait_for, a cancelled task) stops waiting and tells
+        the host, which cancels the tool; the reply that still comes frees its place."""
         granted = loop.create_future()
 
         def grant():
@@ -325,8 +310,25 @@ class Channel:
             except RuntimeError:
                 pass  # the loop is closed: nobody waits for this reply any more
 
-        self._send(name, arguments_json, deliver)
-        return _reply_value(await future)
+        call_id = self._send(name, arguments_json, deliver)
+        try:
+            reply = await future
+        except BaseException:
+            self._cancel(call_id)
+            raise
+        return _reply_value(reply)
+
+    def _cancel(self, call_id):
+        # Only while the reply has not arrived; one that is already on its way answers the
+        # call all the same, and the host takes a cancel that crossed it as nothing.
+        with self.lock:
+            with self.state:
+                if call_id not in self.waiters:
+                    return
+            try:
+                self.send({"type": "cancel", "id": call_id})
+            except OSError:
+                pass  # the host is gone: the reply reader ends this process
 
     def _take_place(self, grant):
         """Take a place among the calls in flight (True), or queue ``grant`` to be called
@@ -368,6 +370,7 @@ class Channel:
             if not self.reading:
                 self.reading = True
                 _thread.start_new_thread(self._read_replies, ())
+        return call_id
 
     def _read_replies(self):
         try:
@@ -377,9 +380,6 @@ class Channel:
                     raise SystemExit("psych-sandbox bootstrap: unexpected host frame")
                 with self.state:
                     deliver = self.waiters.pop(reply.get("id"), None)
-                    if not self.waiters and self.settled is not None:
-                        self.settled.release()
-                        self.settled = None
                 if deliver is None:
                     raise SystemExit("psych-sandbox bootstrap: a reply to no call in flight")
                 deliver(reply)
@@ -1951,7 +1951,7 @@ def main(argv):
         if request:
             send_artifacts(channel, request, workspace)
         channel.send(frame)
-    channel.wait_for_replies()
+    # Calls still in flight are the host's to cancel now: nothing here waits for them.
     # Threads the program left running must not hold the process open after its result.
     os._exit(0)
 

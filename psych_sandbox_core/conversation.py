@@ -1,10 +1,10 @@
 """The host's conversation with one child, as a state machine with no I/O.
 
 Frames go in (``receive``), decisions come out as actions for a driver to perform (send a
-frame, answer a call, decode a value, narrow the ceilings, close the channel). Nothing here
-awaits, owns a socket or reads a clock: the same object is driven by a local socket, an HTTP
-stream from a remote backend, or a test feeding it canned frames (see host.py for the
-driver and testing/fake_backend.py for a double of the launch contract).
+frame, answer or cancel a call, decode a value, narrow the ceilings, close the channel).
+Nothing here awaits, owns a socket or reads a clock: the same object is driven by a local
+socket, an HTTP stream from a remote backend, or a test feeding it canned frames (see
+driver.py for the driver and testing/fake_backend.py for a double of the launch contract).
 
 The states and every move between them are in :data:`TRANSITIONS`; a frame the table does not
 allow in the current state ends the conversation as a protocol violation, whatever the
@@ -27,6 +27,7 @@ from .protocol import (
     ArtifactFrame,
     ArtifactSkippedFrame,
     CallFrame,
+    CancelFrame,
     ChildFrame,
     ChildLimits,
     CommandSpec,
@@ -66,6 +67,7 @@ TRANSITIONS: Mapping[State, Mapping[str, State]] = {
     State.REFUSED: {"end": State.REFUSED},
     State.RUNNING: {
         "call": State.RUNNING,
+        "cancel": State.RUNNING,
         "sent:reply": State.RUNNING,
         "artifact": State.COLLECTING_ARTIFACTS,
         "artifact_skipped": State.COLLECTING_ARTIFACTS,
@@ -101,6 +103,14 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class CancelCall:
+    """The program stopped waiting for this call: cancel its tool and answer it as
+    cancelled (or let the reply already under way answer it)."""
+
+    frame: CancelFrame
+
+
+@dataclass(frozen=True)
 class DecodeValue:
     """Decode the result's value (off the event loop when large) and hand it back through
     :meth:`Conversation.value_decoded`, or a ProtocolViolation through ``violate``."""
@@ -121,7 +131,7 @@ class Close:
     """Nothing more is read from the channel: close it."""
 
 
-Action = Send | Answer | DecodeValue | Narrow | Close
+Action = Send | Answer | CancelCall | DecodeValue | Narrow | Close
 
 
 @dataclass(frozen=True)
@@ -201,6 +211,8 @@ class Conversation:
             return self._violated(self._unexpected(kind))
         if isinstance(frame, CallFrame):
             return [Answer(frame)]
+        if isinstance(frame, CancelFrame):
+            return [CancelCall(frame)]
         if isinstance(frame, HelloFrame):
             return self._hello(frame)
         if isinstance(frame, ResultFrame):
@@ -224,8 +236,8 @@ class Conversation:
             return f"a frame of type {kind!r} after the result"
         if self.state is State.AWAITING_HELLO:
             return f"expected a hello frame first, got {kind!r}"
-        if kind == "call" and self.state is State.COLLECTING_ARTIFACTS:
-            return "a call after the program's files were sent"
+        if kind in ("call", "cancel") and self.state is State.COLLECTING_ARTIFACTS:
+            return f"a {kind} after the program's files were sent"
         if self.state in (State.RUNNING, State.COLLECTING_ARTIFACTS):
             return f"unexpected {kind!r} frame after the handshake"
         return f"a frame of type {kind!r} in the conversation's {self.state.value} state"
@@ -358,8 +370,10 @@ class Conversation:
         """A frame of ours went out (the run frame only now counts as given)."""
         key = _SENT[frame.type]
         if key not in self._allowed:
-            if self.state is State.VIOLATED:
-                return  # a reply raced a violation the driver is about to act on
+            if self.state is State.VIOLATED or (key == "sent:reply" and self.ran):
+                # A reply whose writing began while the program ran and ended after its
+                # end (its files or result read meanwhile) or a violation.
+                return
             raise AssertionError(f"host sent {frame.type!r} in the {self.state.value} state")
         self._move(key)
         if key == "sent:run":

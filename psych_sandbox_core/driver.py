@@ -1,108 +1,45 @@
-"""The driver of one launched child: it owns the child's link, streams, timers and tasks.
+"""The driver of one launched child: it owns the child's streams, timers and tasks.
 
-It reads frames from a :class:`FrameLink`, whatever carries them (an inherited socket, a Unix
-socket, a remote backend's stream), feeds them to the conversation (conversation.py, no I/O)
-and performs the actions the conversation returns; it supervises the child under the wall
-clock and tears it down; and it records what happened for the outcome functions
-(outcome.py). host.py decides when a child is launched and which program it gets.
+It carries the conversation over the child's link (conversing.py: frames in, actions
+performed, the program's calls served by calls_in_flight.py), supervises the child under the
+wall clock and tears it down, hands a warm result back early (early_result.py), and records
+what happened for the outcome functions (outcome.py, ending.py). host.py decides when a
+child is launched and which program it gets.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-import socket
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteStream
+from anyio.abc import ByteReceiveStream
 
 from .artifact_channel import ChannelCollector
 from .artifacts import Collection, collection_failure
 from .backend import Launched
 from .bindings import CallServer
-from .channel import INLINE_DECODE_BYTES, ChannelListener, FrameChannel
-from .conversation import (
-    Action,
-    Answer,
-    Close,
-    Conversation,
-    DecodeValue,
-    Narrow,
-    ProgramTerms,
-    Send,
-    State,
+from .conversation import Conversation, ProgramTerms, State
+from .conversing import LinkedConversation
+from .early_result import (
+    EXIT_AFTER_EARLY_RESULT_SECONDS,
+    EarlyDelivery,
+    end_marker,
+    settled_or_exited,
 )
-from .errors import ProtocolViolation
-from .outcome import Happened, assemble, failure_of, refusal_of, returned_json, withheld
+from .ending import Ending, conclude_ending
+from .outcome import Happened, refusal_of
 from .output import StreamCapture
 from .plan import ExecutionPlan
-from .preservation import artifact_collector, collect_artifacts, preserve, unavailable_failure
+from .preservation import artifact_collector, collect_artifacts
 from .probe_harness import ProbeHarness
 from .process import ExitStatus
-from .protocol import ChildFrame, HostFrame
-from .protocol.codec import decode_value_json
-from .protocol.framing import FrameCeilings
 from .result import ExecutionFailure, ExecutionResult
 from .starting import HANDSHAKE_SECONDS
 
 #: After teardown, how long the host keeps draining output a dying tree may still flush.
 DRAIN_AFTER_EXIT_SECONDS = 2.0
-#: After a warm result was handed back early, how long the teardown waits for the child's
-#: own exit before killing it (it exits right after its result frame).
-EXIT_AFTER_EARLY_RESULT_SECONDS = 2.0
-
-
-class FrameLink(Protocol):
-    """Where the driver reads child frames and writes host frames. :class:`FrameChannel` is
-    the link over any byte stream or socket (it holds each frame to ``ceilings`` while the
-    frame arrives); a transport that is not a byte stream implements this instead."""
-
-    ceilings: FrameCeilings
-
-    async def receive(self) -> ChildFrame | None: ...
-
-    async def send(self, frame: HostFrame) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
-async def open_link(listener: ChannelListener) -> FrameLink:
-    """The link over the connection a child made to ``listener``."""
-    accepted: ByteStream | socket.socket = await listener.accept()
-    return FrameChannel(accepted)
-
-
-@dataclass(frozen=True)
-class Ending:
-    """What happened, and what preserving the output needs beyond it."""
-
-    happened: Happened
-    stdout: StreamCapture
-    stderr: StreamCapture
-    collection: Collection | None = None
-    calls: CallServer | None = None
-
-
-async def conclude_ending(ending: Ending) -> ExecutionResult:
-    """The result: classified, its output preserved (or withheld), assembled."""
-    happened = ending.happened
-    failure = failure_of(happened)
-    kept = await preserve(
-        happened.plan.output,
-        stdout=ending.stdout,
-        stderr=ending.stderr,
-        value_json=returned_json(happened, failure),
-        collection=ending.collection,
-        withheld=withheld(failure),
-        meter=None if ending.calls is None else ending.calls.meter,
-    )
-    if kept.unavailable is not None:
-        failure = unavailable_failure(kept.unavailable, failure)
-    return assemble(happened, failure, kept)
 
 
 class StartupFailed(Exception):
@@ -111,14 +48,6 @@ class StartupFailed(Exception):
 
 class _CpuSpentWithHost(Exception):
     """Host work for the program (pattern searches) used up what was left of its CPU."""
-
-
-@dataclass(frozen=True)
-class _EarlyDelivery:
-    """The end marker of a warm execution, and how its result is handed back early."""
-
-    marker: str
-    deliver: Callable[[], Awaitable[None]]
 
 
 class ChildDriver:
@@ -131,10 +60,7 @@ class ChildDriver:
         # -1 where there are no POSIX ids (Windows), as the child reports its own there.
         host_uid = os.getuid() if hasattr(os, "getuid") else -1
         self.conversation = Conversation(launched.mechanisms, host_uid=host_uid)
-        self._link: FrameLink | None = None
-        #: A collecting run's link, kept past the result: once every process is gone it is
-        #: read to its end, and a frame after the result is a protocol violation.
-        self._held: FrameLink | None = None
+        self._talk = LinkedConversation(self.conversation)
         self._calls: CallServer | None = None
         #: Listener connections accounted to the child's own probe, and those seen after it.
         self._probe_connections = 0
@@ -156,44 +82,29 @@ class ChildDriver:
     async def handshake(self) -> None:
         """Accept the child's connection and its report (the conversation grades it).
         Raises StartupFailed on a deadline."""
+        talk = self._talk
         try:
             with anyio.fail_after(HANDSHAKE_SECONDS):
-                self._link = await open_link(self._launched.channel)
+                await talk.connect(self._launched.channel)
         except TimeoutError:
             raise StartupFailed(
                 f"the sandboxed interpreter did not connect within {HANDSHAKE_SECONDS:g} s"
             ) from None
         try:
             with anyio.fail_after(HANDSHAKE_SECONDS):
-                actions = await self._next()
+                actions = await talk.next(self._launched.mechanisms)
         except TimeoutError:
-            await self.close_link()
+            await talk.close()
             raise StartupFailed(
                 f"the sandboxed interpreter did not report within {HANDSHAKE_SECONDS:g} s"
             ) from None
         except BaseException:
-            await self.close_link()
+            await talk.close()
             raise
-        await self._perform(actions)
-
-    async def _next(self) -> list[Action]:
-        """Read the next frame and feed it to the conversation."""
-        assert self._link is not None
-        try:
-            frame = await self._link.receive()
-        except ProtocolViolation as exc:
-            return self.conversation.violate(str(exc))
-        if self.conversation.state is State.AWAITING_HELLO:
-            # As they stand when the report arrives: a backend relaying a child that runs
-            # elsewhere learns what was applied there from the report's way through.
-            self.conversation.mechanisms = self._launched.mechanisms
-        return self.conversation.receive(frame)
+        await talk.perform(actions)
 
     async def close_link(self) -> None:
-        link, self._link = self._link, None
-        if link is not None:
-            with anyio.CancelScope(shield=True):
-                await link.aclose()
+        await self._talk.close()
 
     # ------------------------------------------------------------------ one program
 
@@ -206,15 +117,7 @@ class ChildDriver:
         """Give the child its program (the handshake first if not done) and supervise it to
         its end; with ``on_early_result``, see docs/architecture.md (warm results)."""
         launched = self._launched
-        marker: str | None = None
-        if (
-            on_early_result is not None
-            and launched.early_result_ok
-            and (plan.output is None or launched.workspace_path is None)
-        ):
-            # Random per execution: output cannot end a stream early by chance (a program
-            # that finds and prints it only cuts its own output short).
-            marker = f"<psych-sandbox-end:{secrets.token_hex(16)}>"
+        marker = None if on_early_result is None else end_marker(launched, plan)
         encoded = None if marker is None else marker.encode("ascii")
         relay = plan.relay
         self._stdout = StreamCapture(
@@ -223,7 +126,7 @@ class ChildDriver:
         self._stderr = StreamCapture(
             plan.limits.stderr_bytes, encoded, None if relay is None else relay.listener("stderr")
         )
-        early: _EarlyDelivery | None = None
+        early: EarlyDelivery | None = None
         if marker is not None and on_early_result is not None:
             deliver_to = on_early_result
 
@@ -234,7 +137,7 @@ class ChildDriver:
                 )
                 deliver_to(self._delivered)
 
-            early = _EarlyDelivery(marker, deliver)
+            early = EarlyDelivery(marker, deliver)
         self._status = await self._supervise(plan, early)
         if self._delivered is not None or not self.conversation.ran:
             return
@@ -245,7 +148,7 @@ class ChildDriver:
                 collect_artifacts, plan.output, launched.workspace_path
             )
 
-    async def _supervise(self, plan: ExecutionPlan, early: _EarlyDelivery | None) -> ExitStatus:
+    async def _supervise(self, plan: ExecutionPlan, early: EarlyDelivery | None) -> ExitStatus:
         launched = self._launched
         assert self._stdout is not None and self._stderr is not None
         drained = [anyio.Event(), anyio.Event()]
@@ -293,9 +196,9 @@ class ChildDriver:
                     with anyio.move_on_after(DRAIN_AFTER_EXIT_SECONDS):
                         for event in drained:
                             await event.wait()
-                        await self._nothing_after_result()
+                        await self._talk.nothing_after_result()
                     drains.cancel_scope.cancel()
-                    await self._release_held()
+                    await self._talk.release_held()
         return status
 
     async def _converse(self, plan: ExecutionPlan, end_marker: str | None) -> None:
@@ -307,26 +210,17 @@ class ChildDriver:
                 return
             if self._harness.connections:
                 conversation.network_reached()
-            terms = self._terms(plan, end_marker)
-            await self._perform(conversation.start(terms))
-            while conversation.listening:
-                actions = await self._next()
-                await self._perform(actions)
-                # Dropped before the next frame is read: a wide tree freed young is never
-                # aged by the collector (see protocol/codec.py).
-                del actions
+            terms, calls = self._terms(plan, end_marker)
+            if await self._talk.program(terms, calls, self._launched.mechanisms):
+                raise _CpuSpentWithHost()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             conversation.receive(None)  # the child went away; its exit status says how
         finally:
-            if (
-                self._link is not None
-                and conversation.state is State.DONE
-                and (conversation.collector is not None and conversation.result is not None)
-            ):
-                self._held, self._link = self._link, None
             await self.close_link()
 
-    def _terms(self, plan: ExecutionPlan, end_marker: str | None) -> ProgramTerms:
+    def _terms(
+        self, plan: ExecutionPlan, end_marker: str | None
+    ) -> tuple[ProgramTerms, CallServer]:
         calls = plan.calls if plan.calls is not None else CallServer(None, [])
         wanted = artifact_collector(plan.output, self._launched.workspace_path)
         terms = ProgramTerms(
@@ -356,42 +250,7 @@ class ChildDriver:
             )
             if isinstance(wanted, Collection):
                 self._collection_refused = wanted
-        return terms
-
-    async def _perform(self, actions: list[Action]) -> None:
-        conversation = self.conversation
-        for action in actions:
-            if isinstance(action, Answer):
-                calls, link = self._calls, self._link
-                assert calls is not None and link is not None
-                try:
-                    reply = await calls.answer(action.call)
-                except ProtocolViolation as exc:
-                    await self._perform(conversation.violate(str(exc)))
-                    return
-                del action
-                await link.send(reply)
-                conversation.sent(reply)
-                if calls.work.exhausted():
-                    # The host's work for it and its own CPU reached its CPU limit.
-                    raise _CpuSpentWithHost()
-            elif isinstance(action, Send):
-                assert self._link is not None
-                await self._link.send(action.frame)
-                conversation.sent(action.frame)
-            elif isinstance(action, Narrow):
-                assert self._link is not None
-                self._link.ceilings = action.ceilings
-            elif isinstance(action, DecodeValue):
-                try:
-                    value = await _decoded(action.frame.value_json, action.cap)
-                except ProtocolViolation as exc:
-                    await self._perform(conversation.violate(str(exc)))
-                else:
-                    await self._perform(conversation.value_decoded(value))
-            else:
-                assert isinstance(action, Close)
-                await self.close_link()
+        return terms, calls
 
     def _program_cpu(self) -> float | None:
         usage = self._launched.usage_so_far()
@@ -418,47 +277,14 @@ class ChildDriver:
         assert self._stdout is not None and self._stderr is not None
         if conversation.result is None or conversation.violation is not None or self.cancelled:
             return False
-        async with anyio.create_task_group() as race:
-
-            async def markers() -> None:
-                for event in settled:
-                    await event.wait()
-                race.cancel_scope.cancel()
-
-            async def exited() -> None:
-                await self._launched.wait_exited()
-                race.cancel_scope.cancel()
-
-            race.start_soon(markers)
-            race.start_soon(exited)
+        await settled_or_exited(settled, self._launched)
         if not (self._stdout.marker_seen and self._stderr.marker_seen):
             return False
         # A collecting run: its channel is read to its end (the child closes it by exiting)
         # before anything it sent counts, as in the teardown.
-        await self._nothing_after_result()
-        await self._release_held()
+        await self._talk.nothing_after_result()
+        await self._talk.release_held()
         return conversation.violation is None
-
-    async def _nothing_after_result(self) -> None:
-        """Read a collecting run's channel to its end: its writers are gone, so this ends at
-        once, and any frame after the result is a violation (files sent late are not
-        taken)."""
-        link = self._held
-        if link is None:
-            return
-        try:
-            frame = await link.receive()
-        except ProtocolViolation as exc:
-            self.conversation.violate(str(exc))
-            return
-        if frame is not None:
-            self.conversation.receive(frame)
-
-    async def _release_held(self) -> None:
-        link, self._held = self._held, None
-        if link is not None:
-            with anyio.CancelScope(shield=True):
-                await link.aclose()
 
     def _channel_collection(self) -> Collection | None:
         """What a collection over the channel produced, or None when the host walks the
@@ -537,11 +363,3 @@ async def _drain(
     finally:
         marked.set()
         done.set()
-
-
-async def _decoded(value_json: str | None, cap: int) -> Any:
-    assert value_json is not None
-    if len(value_json) > INLINE_DECODE_BYTES:
-        # Off the event loop, as a large frame is (see channel.py).
-        return await anyio.to_thread.run_sync(decode_value_json, value_json, cap)
-    return decode_value_json(value_json, cap)

@@ -20,7 +20,8 @@ from anyio.abc import TaskGroup, TaskStatus
 from .backend import Backend, BackendUnavailable, Launched, LaunchRequest
 from .bootstrap_loader import bootstrap_source
 from .conversation import State
-from .driver import ChildDriver, Ending, StartupFailed, conclude_ending
+from .driver import ChildDriver, StartupFailed
+from .ending import Ending, conclude_ending
 from .errors import ErrorKind
 from .outcome import Happened
 from .output import StreamCapture

@@ -522,7 +522,7 @@ return await first, second.cancelled(), third
 
 async def test_a_call_that_times_out_in_the_program_no_longer_blocks_it() -> None:
     # The program stops waiting at its own deadline: its event loop is not held by the call
-    # (which the host still finishes; cancelling it on the host needs a cancel frame).
+    # (which its cancel frame cancels on the host; see test_concurrent_calls.py).
     async def slow() -> str:
         await anyio.sleep(2)
         return "late"

@@ -17,6 +17,7 @@ from psych_sandbox_core.artifacts import CollectionLimits
 from psych_sandbox_core.conversation import (
     TRANSITIONS,
     Answer,
+    CancelCall,
     Close,
     Conversation,
     DecodeValue,
@@ -33,6 +34,7 @@ from psych_sandbox_core.protocol import (
     ArtifactFrame,
     ArtifactSkippedFrame,
     CallFrame,
+    CancelFrame,
     ChildFrame,
     HelloFrame,
     NetworkObservation,
@@ -136,9 +138,14 @@ def in_state(state: State, *, with_collector: bool = True) -> Conversation:
     return c
 
 
+def cancel(call_id: int = 0) -> CancelFrame:
+    return CancelFrame(type="cancel", id=call_id)
+
+
 FRAMES: dict[str, Callable[[], ChildFrame]] = {
     "hello": hello,
     "call": call,
+    "cancel": cancel,
     "result": result,
     "artifact": lambda: artifact("out/c.txt"),
     "artifact_skipped": skipped,
@@ -162,6 +169,9 @@ def test_each_frame_in_each_state_moves_as_the_table_says(state: State, kind: st
     if kind == "call" and expected is not State.VIOLATED:
         # A call is answered by the driver; the conversation waits in its state.
         assert actions == [Answer(call())]
+    if kind == "cancel" and expected is not State.VIOLATED:
+        # So is a cancel (the driver knows which calls are in flight).
+        assert actions == [CancelCall(cancel())]
     assert c.state is expected
     if expected is State.VIOLATED:
         assert c.violation
@@ -193,6 +203,7 @@ def test_files_the_host_did_not_ask_for_are_a_violation(kind: str) -> None:
         (State.AWAITING_HELLO, call(), "expected a hello frame first, got 'call'"),
         (State.RUNNING, hello(), "unexpected 'hello' frame after the handshake"),
         (State.COLLECTING_ARTIFACTS, call(), "a call after the program's files were sent"),
+        (State.COLLECTING_ARTIFACTS, cancel(), "a cancel after the program's files were sent"),
         (State.DONE, call(), "a frame of type 'call' after the result"),
     ],
 )
@@ -200,6 +211,18 @@ def test_violations_say_what_happened(state: State, frame: ChildFrame, message: 
     c = in_state(state)
     c.receive(frame)
     assert c.violation == message
+
+
+@pytest.mark.parametrize("then", [result, artifact], ids=["result", "artifact"])
+def test_a_reply_that_went_out_while_the_program_ended_is_no_error(
+    then: Callable[[], ChildFrame],
+) -> None:
+    # Replies are written while frames are read: the program's end may be read first.
+    c = in_state(State.RUNNING)
+    c.receive(then())
+    ended = c.state
+    c.sent(ReplyFrame(id=0, carries="value", value_json="1"))
+    assert c.state is ended and c.violation is None
 
 
 def test_a_hello_of_another_protocol_version_is_a_violation() -> None:

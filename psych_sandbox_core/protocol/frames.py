@@ -93,6 +93,14 @@ class CallFrame(Frame):
     arguments: dict[str, Any]
 
 
+class CancelFrame(Frame):
+    """The program stopped waiting for call ``id`` (a timeout, a cancelled task): the host
+    cancels that tool call and still answers it, so the child's place is freed."""
+
+    type: Literal["cancel"]
+    id: CallId
+
+
 class ProgramError(Frame):
     """An uncaught exception in the program, frames already filtered to the model's."""
 
@@ -158,7 +166,7 @@ class ArtifactSkippedFrame(Frame):
 
 
 ChildFrame = Annotated[
-    HelloFrame | CallFrame | ResultFrame | ArtifactFrame | ArtifactSkippedFrame,
+    HelloFrame | CallFrame | CancelFrame | ResultFrame | ArtifactFrame | ArtifactSkippedFrame,
     Field(discriminator="type"),
 ]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..errors import ProtocolViolation
 from .limits import (
     MAX_ARTIFACT_FRAME_BYTES,
+    MAX_CANCEL_FRAME_BYTES,
     MAX_CHILD_FRAME_BYTES,
     MAX_FRAME_HEAD_BYTES,
     MAX_HELLO_FRAME_BYTES,
@@ -22,7 +23,7 @@ from .limits import (
 )
 
 #: The kinds of frame a child may send.
-CHILD_FRAME_KINDS = ("hello", "call", "result", "artifact", "artifact_skipped")
+CHILD_FRAME_KINDS = ("hello", "call", "cancel", "result", "artifact", "artifact_skipped")
 
 # JSON whitespace is allowed around the tokens; a frame is one line, so never a newline.
 _HEAD = re.compile(rb'\{[ \t\r]*"type"[ \t\r]*:[ \t\r]*"([a-z_]{1,32})"[ \t\r]*[,}]')
@@ -49,6 +50,8 @@ class FrameCeilings:
         )
 
     def of(self, kind: str) -> int:
+        if kind == "cancel":
+            return MAX_CANCEL_FRAME_BYTES  # an id only, whatever the terms
         if kind == "hello":
             return self.hello
         if kind == "call":

@@ -34,6 +34,10 @@ MAX_HELLO_FRAME_BYTES = 512 * 1024
 #: refused by the frame's length, before they are parsed.
 CALL_FRAME_ENVELOPE_BYTES = 4 * 1024
 
+#: Longest cancel frame: its type and an id of at most 16 digits come to about 40 bytes;
+#: the rest is room for JSON whitespace.
+MAX_CANCEL_FRAME_BYTES = 256
+
 #: An artifact frame's bytes around its chunk: a path of at most 4096 characters (12 bytes
 #: each at worst, escaped), an offset and a flag. Also the ceiling of an artifact_skipped
 #: frame, which carries a path and a reason only.

@@ -148,6 +148,47 @@ async def test_bindings_run_on_the_client_with_its_budgets_and_record(served: Se
     assert result.return_value[0] == 2
 
 
+async def test_calls_in_flight_together_and_a_cancel_cross_the_wire(served: Served) -> None:
+    events: list[str] = []
+    together = anyio.Event()
+
+    async def gathered(n: int) -> int:
+        # Returns only once all four run at once on this side: one at a time, it would hang.
+        events.append("start")
+        if events.count("start") == 4:
+            together.set()
+        await together.wait()
+        events.append("end")
+        return n
+
+    async def block() -> None:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            events.append("cancelled")
+            raise
+
+    source = """
+import asyncio
+try:
+    await asyncio.wait_for(block(), 0.05)
+except TimeoutError:
+    pass
+return await asyncio.gather(*(gathered(n) for n in range(4)))
+"""
+    result = await run(
+        client_config(served.url),
+        source,
+        bindings=FunctionBindings({"gathered": gathered, "block": block}),
+    )
+    assert result.error is None, result.error
+    assert result.return_value == [0, 1, 2, 3]
+    # The program's cancel frame reached this side and cancelled the tool here.
+    assert events.count("cancelled") == 1
+    assert [e for e in events if e != "cancelled"] == ["start"] * 4 + ["end"] * 4
+    assert [c.outcome for c in result.calls] == ["cancelled"] + ["ok"] * 4
+
+
 async def test_artifacts_cross_the_wire(served: Served) -> None:
     # The workspace is on the service: the files come over the relayed channel.
     result = await run(

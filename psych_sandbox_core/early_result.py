@@ -1,0 +1,60 @@
+"""A warm execution's result handed back before its child is torn down.
+
+A warm child's program ends with a result frame and a random end marker written to both of
+its streams: once the result is accepted and both markers went by, output and result are
+complete, and the result is handed back before the child's exit is reported and its teardown
+done (see docs/architecture.md, warm results).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+
+from .backend import Launched
+from .plan import ExecutionPlan
+
+#: After a warm result was handed back early, how long the teardown waits for the child's
+#: own exit before killing it (it exits right after its result frame).
+EXIT_AFTER_EARLY_RESULT_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class EarlyDelivery:
+    """The end marker of a warm execution, and how its result is handed back early."""
+
+    marker: str
+    deliver: Callable[[], Awaitable[None]]
+
+
+def end_marker(launched: Launched, plan: ExecutionPlan) -> str | None:
+    """The end marker for an execution whose result may be handed back early, or None where
+    the host must see the child end first (the host walks its workspace for files)."""
+    if not launched.early_result_ok or (
+        plan.output is not None and launched.workspace_path is not None
+    ):
+        return None
+    # Random per execution: output cannot end a stream early by chance (a program that finds
+    # and prints it only cuts its own output short).
+    return f"<psych-sandbox-end:{secrets.token_hex(16)}>"
+
+
+async def settled_or_exited(settled: list[anyio.Event], launched: Launched) -> None:
+    """Return once both streams are settled (their marker went by, or they ended) or the
+    child's exit is reported, whichever comes first."""
+    async with anyio.create_task_group() as race:
+
+        async def markers() -> None:
+            for event in settled:
+                await event.wait()
+            race.cancel_scope.cancel()
+
+        async def exited() -> None:
+            await launched.wait_exited()
+            race.cancel_scope.cancel()
+
+        race.start_soon(markers)
+        race.start_soon(exited)
