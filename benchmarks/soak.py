@@ -195,13 +195,32 @@ async def soak(args: argparse.Namespace) -> int:
                     f"  {done}/{args.executions} in {time.monotonic() - started:.0f} s", flush=True
                 )
 
+        async def probe() -> None:
+            # How late a 10 ms timer fires: the host's event loop's own stalls, apart from
+            # the machine's load on the programs' processes.
+            while True:
+                before = time.monotonic()
+                await anyio.sleep(0.01)
+                lags.append(time.monotonic() - before - 0.01)
+
+        lags: list[float] = []
         async with anyio.create_task_group() as tg:
-            for kind in kinds:
-                tg.start_soon(worker, kind)
+            tg.start_soon(probe)
+            async with anyio.create_task_group() as executions:
+                for kind in kinds:
+                    executions.start_soon(worker, kind)
+            tg.cancel_scope.cancel()
         inside = snapshot(profile)
     after = snapshot(profile)
     elapsed = time.monotonic() - started
-    return report(args, backend, before, inside, after, outcomes, elapsed, floor)
+    failed = report(args, backend, before, inside, after, outcomes, elapsed, floor)
+    lags.sort()
+    print(
+        f"host event-loop lag (a 10 ms timer, {len(lags)} samples): p50 "
+        f"{statistics.median(lags) * 1000:.1f} ms, p99 {lags[int(len(lags) * 0.99)] * 1000:.1f} "
+        f"ms, max {lags[-1] * 1000:.1f} ms"
+    )
+    return failed
 
 
 def report(
