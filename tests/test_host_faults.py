@@ -79,7 +79,9 @@ def test_a_host_killed_at_each_point_is_reaped_by_the_next(
         for point, backend in POINTS.items():
             left = census.take(pids[backend][point])
             # What the dead host made is there (else the checks below could not fail)...
-            assert left.temp_dirs and left.cgroups and left.leases, (backend, point, left)
+            # (in teardown its cgroup was already removed, as proof its tree is gone)
+            made = (left.temp_dirs, left.leases, left.cgroups or point == "teardown")
+            assert all(made), (backend, point, left)
             spent, dangling = anyio.run(_calls_in_run, logs[backend], faults.run_id(point))
             assert spent == faults.calls_spent(point), (backend, point)
             # The call in flight when the host died has no recorded end, and counts.

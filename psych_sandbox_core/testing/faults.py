@@ -25,10 +25,11 @@ from contextlib import suppress
 from functools import partial
 from typing import Any, cast
 
-#: Where a host can be killed: its child spawned but not yet heard from; the child's hello
+#: Where a host can be killed: its child launched but not yet heard from; the child's hello
 #: read; a binding call in flight (two calls already spent); the program's files being
 #: collected (by the host's walk, or over the channel); the execution's teardown (its
-#: process tree ended, its cgroup being removed).
+#: process tree ended, its uid not yet swept and handed back). The hooks are the core's own,
+#: so every backend stops at the same points.
 POINTS = ("spawn", "handshake", "binding", "artifacts", "teardown")
 
 #: Calls the run may make in all, and what the program spends before the binding point.
@@ -159,8 +160,9 @@ def _stop_here(point: str) -> None:
 
 def _install(point: str) -> dict[str, Any]:
     """Hook the host at ``point``; the bindings the program calls."""
-    from .. import cgroups, channel, conversation, driver
+    from .. import conversation, driver
     from ..artifact_channel import ChannelCollector
+    from ..identity import IdentityLease
 
     def spend() -> None:
         return None
@@ -170,13 +172,14 @@ def _install(point: str) -> dict[str, Any]:
             _stop_here(point)
 
     if point == "spawn":
-        after_spawn = channel.InheritedSocketChannel.after_spawn
+        # The child is launched and the host is about to wait for its hello.
+        handshake = driver.ChildDriver.handshake
 
-        def spawned(self: channel.InheritedSocketChannel) -> None:
-            after_spawn(self)
+        async def spawned(self: driver.ChildDriver) -> None:
             _stop_here(point)
+            await handshake(self)
 
-        cast(Any, channel.InheritedSocketChannel).after_spawn = spawned
+        cast(Any, driver.ChildDriver).handshake = spawned
     elif point == "handshake":
         hello = conversation.Conversation._hello
 
@@ -200,13 +203,14 @@ def _install(point: str) -> dict[str, Any]:
         cast(Any, driver).collect_artifacts = walked
         cast(Any, ChannelCollector).receive = received
     elif point == "teardown":
-        remove = cgroups.ExecutionCgroup.remove
+        # The execution's tree is gone and its uid is about to be swept and handed back.
+        retire = IdentityLease.retire
 
-        async def removing(self: cgroups.ExecutionCgroup) -> Any:
+        async def retiring(self: IdentityLease, empty: Any = None) -> None:
             _stop_here(point)
-            return await remove(self)
+            await retire(self, empty)
 
-        cast(Any, cgroups.ExecutionCgroup).remove = removing
+        cast(Any, IdentityLease).retire = retiring
     return {"spend": spend, "block": block}
 
 

@@ -128,12 +128,17 @@ def _hello(protocol: int) -> bytes:
 
 @st.composite
 def call_lines(draw: st.DrawFn) -> bytes:
-    name = draw(st.sampled_from([*TOOLS, "list_tools", "nope", ""]))
+    name = draw(st.sampled_from([*TOOLS, "list_tools", "get_tool_info", "nope", ""]))
     arguments = draw(
         st.one_of(
             st.just('{"a":1,"b":2}'),
             st.just('{"value":"x"}'),
+            st.just('{"name":"add"}'),
             hostile_values.map(lambda v: '{"x":' + v + "}"),
+            # A tool's own parameters, hostile: what it is given and what it returns.
+            hostile_values.map(lambda v: '{"value":' + v + "}"),
+            hostile_values.map(lambda v: '{"a":' + v + ',"b":' + v + "}"),
+            hostile_values.map(lambda v: '{"name":' + v + "}"),
             hostile_values,
         )
     )
