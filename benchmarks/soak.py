@@ -192,7 +192,9 @@ async def soak(args: argparse.Namespace) -> int:
             done += 1
             if done % max(1, args.executions // 10) == 0:
                 print(
-                    f"  {done}/{args.executions} in {time.monotonic() - started:.0f} s", flush=True
+                    f"  {done}/{args.executions} in {time.monotonic() - started:.0f} s, rss "
+                    f"{census.rss_bytes(os.getpid()) / 2**20:.1f} MiB",
+                    flush=True,
                 )
 
         async def probe() -> None:
