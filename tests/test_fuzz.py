@@ -18,7 +18,7 @@ from psych_sandbox_core.testing.protocol_fuzz import (
 
 #: Short, derandomized and without a database: the same examples on every run, in CI too.
 SHORT = settings(
-    max_examples=40,
+    max_examples=30,
     derandomize=True,
     database=None,
     deadline=None,
