@@ -13,7 +13,7 @@ from psych_sandbox_core.bindings import FunctionBindings
 from psych_sandbox_core.budgets import BindingBudgets
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.narrowing import ExecutionRequest, TenantPolicy
-from psych_sandbox_core.runlog import SQLiteRunLog
+from psych_sandbox_core.runlog import MemoryRunLog, SQLiteRunLog
 
 pytestmark = pytest.mark.anyio
 
@@ -172,6 +172,20 @@ def test_budgets_that_cannot_work_fail_at_configuration() -> None:
 
 # ------------------------------------------------------------------ a durable run log
 # (a host killed mid-call does not give the allowance back: tests/test_host_faults.py)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_executions_own_run_is_forgotten_when_it_ends() -> None:
+    # Found by the soak: a long-lived host kept every call of every run without a run id.
+    log = MemoryRunLog()
+    async with Sandbox(deployment(BindingBudgets()), run_log=log) as sandbox:
+        result = await sandbox.run(
+            "await noop()\nawait noop()", profile=PROFILE, bindings=FunctionBindings({"noop": noop})
+        )
+    assert result.error is None and len(result.calls) == 2, result.error
+    assert result.run_id is not None
+    assert await log.calls_in_run(result.run_id) == 0
+    assert await log.entries(result.run_id) == []
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
