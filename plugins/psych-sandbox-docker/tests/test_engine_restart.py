@@ -3,8 +3,8 @@ never the program's worker_exit), and nothing left behind, judged from the host 
 
 The engine restarted is a second dockerd of the test's own (its own socket, data root and
 exec root, the image loaded into it from the first), never the engine other work on the
-host uses. Starting it costs seconds, so the test runs only when PSYCH_SANDBOX_SECOND_ENGINE
-is set (CI sets it)."""
+host uses. Starting it and loading the image into it cost 10-15 s, so the test runs only
+when PSYCH_SANDBOX_SECOND_ENGINE is set."""
 
 from __future__ import annotations
 
