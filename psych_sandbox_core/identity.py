@@ -11,6 +11,10 @@ never strands a uid. A lock file with content is a uid its last holder never han
 (the host died): whatever it left is swept before the uid is used again. A uid handed back
 clean has its file removed, so the files are as many as the uids leased right now.
 
+A host's first lease also sweeps and hands back every uid whose file has content and no
+holder (:func:`reap_abandoned`): what a killed host left under its uids goes when the next
+host starts leasing, not only when the range comes round to them.
+
 Uids are not reused eagerly: a cursor file per range, under its own ``flock``, walks the
 range in order (skipping uids leased right now), so a uid comes back only after the whole
 range has been leased, least recently used first. Whatever escaped every other measure under
@@ -32,6 +36,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Annotated, final
 
 import anyio
@@ -242,6 +247,7 @@ class IdentityRange:
     def lease(self) -> IdentityLease:
         """The next free uid after the one this range handed out last (blocking)."""
         directory = _lock_directory()
+        reap_abandoned_once(directory)
         cursor = os.open(
             _cursor_path(directory, self),
             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -270,6 +276,35 @@ class IdentityRange:
             os.unlink(_cursor_path(_lock_directory(), self))
         except FileNotFoundError:
             pass
+
+
+@lru_cache(maxsize=4)
+def reap_abandoned_once(directory: str) -> tuple[int, ...]:
+    """:func:`reap_abandoned` the first time this process leases from ``directory``."""
+    return tuple(reap_abandoned(directory))
+
+
+def reap_abandoned(directory: str) -> list[int]:
+    """Sweep and hand back every uid in ``directory`` whose last holder died holding it (its
+    file has content and nobody holds its lock), and return them. Without this a uid a host
+    killed outright held keeps whatever that execution left without a process (files in the
+    shared directories, IPC objects, keys) until its range comes round to it again."""
+    reaped = []
+    try:
+        entries = [entry for entry in os.scandir(directory) if entry.name.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            if not entry.stat(follow_symlinks=False).st_size:
+                continue  # handed back clean, or being leased right now
+        except OSError:
+            continue
+        lease = _try_lease(directory, int(entry.name))
+        if lease is not None:
+            lease.release()
+            reaped.append(lease.uid)
+    return reaped
 
 
 def _cursor_path(directory: str, identities: IdentityRange) -> str:

@@ -103,9 +103,7 @@ class SQLiteRunLog(RunLog):
         self._lock = threading.Lock()
         # Autocommit mode: every transaction below is explicit (BEGIN IMMEDIATE), so the
         # count and the insert are one atomic step even across processes.
-        self._db = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=0
-        )
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=0)
         with self._lock:
             self._set_timeout(BUSY_TIMEOUT_SECONDS)
             if path != ":memory:":
@@ -239,6 +237,13 @@ class MemoryRunLog(RunLog):
 
     async def calls_in_run(self, run_id: str) -> int:
         return self._counts.get(run_id, 0)
+
+    def forget(self, run_id: str) -> None:
+        """Drop a run that is over and that nothing can resume (one execution's own): a
+        long-lived host would otherwise keep every call it ever answered."""
+        for seq in self._by_run.pop(run_id, []):
+            self._entries.pop(seq, None)
+        self._counts.pop(run_id, None)
 
     async def entries(self, run_id: str) -> list[CallEntry]:
         return [CallEntry(seq, *self._entries[seq]) for seq in self._by_run.get(run_id, [])]

@@ -371,11 +371,16 @@ class Sandbox:
             keep_variables=keep_variables,
         )
         pool = self._pool(loaded)
-        async with relaying(on_output) as relay:
-            plan = dataclasses.replace(plan, relay=relay)
-            result = (
-                await pool.run(plan) if pool is not None else await execute(loaded.backend, plan)
-            )
+        try:
+            async with relaying(on_output) as relay:
+                plan = dataclasses.replace(plan, relay=relay)
+                result = await (
+                    pool.run(plan) if pool is not None else execute(loaded.backend, plan)
+                )
+        finally:
+            if run_id is None and isinstance(run_log, MemoryRunLog):
+                # The execution's own run is over with it: nothing can count against it again.
+                run_log.forget(scope.run_id)
         if self._forget_stale_choice(loaded, result):
             # The remembered backend no longer starts here, so the program did not run:
             # choose again with trials and run it, as if nothing had been remembered.

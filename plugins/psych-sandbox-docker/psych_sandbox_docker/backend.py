@@ -186,6 +186,10 @@ class DockerBackend(Backend):
         #: The host's copy of the interpreter the image is built from: the physical floor a
         #: benchmark compares against.
         self.interpreter = INTERPRETER if os.path.exists(INTERPRETER) else sys.executable
+        #: Containers this host could not remove (the engine was away at their teardown):
+        #: removed before the next launch, since their owner lives on and the reaper spares
+        #: a live owner's containers.
+        self.unremoved: set[str] = set()
         if self.cli is not None:
             _reap_once(self.cli, self.engine)
 
@@ -348,6 +352,7 @@ class DockerBackend(Backend):
     ) -> AsyncIterator[Launched]:
         assert self.client is not None
         client = self.client
+        await self._remove_unremoved(client)
         #: A rootless host runs every container as nobody.
         identity = leased.ids or (NOBODY, NOBODY)
         owner = eng.current_owner()
@@ -404,6 +409,20 @@ class DockerBackend(Backend):
                     proof = eng.remove_cgroup_parent(cgroup_name)
                     if measured:
                         leased.proven_empty(proof)
+
+    async def _remove_unremoved(self, client: api.EngineClient) -> None:
+        for container in sorted(self.unremoved):
+            try:
+                await client.request(
+                    "DELETE", f"/containers/{api.path_segment(container)}",
+                    query={"force": "1", "v": "1"}, timeout=REMOVE_SECONDS,
+                )
+            except api.EngineStatusError as exc:
+                if exc.status != 404:
+                    continue
+            except api.EngineError:
+                return  # still away: the next launch tries again
+            self.unremoved.discard(container)
 
     async def engine_command(self, *args: str) -> tuple[int, str, str]:
         """Run one engine CLI command; (status, stdout, stderr). Never raises for failure.
@@ -566,6 +585,9 @@ class _Container(Launched):
         #: The exit code the engine reported, when it reported one.
         self._exit_code: int | None = None
         self._wait_error: str | None = None
+        #: Why the engine could not be reached at teardown, if it could not: it went away
+        #: (stopped, restarted, crashed) during the execution.
+        self._engine_lost: str | None = None
         self._waiter: api.OpenResponse | None = None
         self._demux = _Demux()
         self.stdout = _OutputStream(self._demux, api.STDOUT)
@@ -656,11 +678,15 @@ class _Container(Launched):
             return
         self._killed = True
         # 404 (gone) and 409 (not running) both mean there is nothing left to kill.
-        with suppress(api.EngineError):
+        try:
             await self.client.request(
                 "POST", f"/containers/{self._ref}/kill", query={"signal": "KILL"},
                 timeout=KILL_SECONDS,
             )
+        except api.EngineUnreachable as exc:
+            self._engine_lost = self._engine_lost or str(exc)
+        except api.EngineError:
+            pass
 
     async def finish(self) -> ExitStatus:
         if self._status is not None:
@@ -675,10 +701,15 @@ class _Container(Launched):
                 # A clean exit needs no inspection (the bootstrap exits 0 only after its
                 # result or an abort); anything else may be an OOM kill only the engine saw.
                 if self._id is not None and (self._exit_code != 0 or self._killed):
-                    with suppress(api.EngineError):
+                    try:
                         inspected = (await self.client.request(
                             "GET", f"/containers/{self._ref}/json"
                         )).json()
+                    except api.EngineUnreachable as exc:
+                        self._engine_lost = str(exc)
+                    except api.EngineError:
+                        pass
+                    else:
                         found = inspected.get("State") if isinstance(inspected, dict) else None
                         if isinstance(found, dict):
                             state = found
@@ -702,14 +733,19 @@ class _Container(Launched):
         except api.EngineStatusError as exc:
             if exc.status != 404:
                 await self._remove_by_cli()
-        except api.EngineError:
+        except api.EngineError as exc:
+            if isinstance(exc, api.EngineUnreachable):
+                self._engine_lost = self._engine_lost or str(exc)
             await self._remove_by_cli()
 
     async def _remove_by_cli(self) -> None:
-        # The API refused or broke: the engine's own client is the last resort, and the
-        # labels let the reaper finish the job if even that fails.
+        # The API refused or broke: the engine's own client is the last resort; if even that
+        # fails the backend removes it before its next launch, and the labels let the reaper
+        # finish the job once this host is gone.
         if self.backend.cli is not None and self._id is not None:
-            await self.backend.engine_command("rm", "-f", "--volumes", self._id)
+            code, _, _ = await self.backend.engine_command("rm", "-f", "--volumes", self._id)
+            if code != 0:
+                self.backend.unremoved.add(self._id)
 
     async def close_streams(self) -> None:
         for opened in (self._demux.attached, self._waiter):
@@ -757,6 +793,14 @@ class _Container(Launched):
                 "the gVisor sandbox ended with status 2 before the program returned: runsc "
                 "exits so when the sandbox itself crashes (for example at its host task "
                 "limit), though a program calling os._exit(2) looks the same",
+            )
+        if self._engine_lost is not None:
+            # Whatever the exit looked like (the engine stops its containers as it goes),
+            # it was the engine's doing, not the program's.
+            hint = (
+                ErrorKind.BACKEND_NOT_READY,
+                f"the {self.backend.engine} engine went away during the execution (it could "
+                f"not be reached at teardown: {self._engine_lost})",
             )
         return ExitStatus(
             code=None if sig is not None else code,

@@ -1,0 +1,47 @@
+"""The host's side of the protocol under fuzzing, briefly and deterministically: the state
+machine over the conversation and the byte target for the frame reader and codec
+(psych_sandbox_core/testing/protocol_fuzz.py). benchmarks/fuzz.py runs the same for longer.
+Every finding is kept below as a regression test of its own."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import run_state_machine_as_test
+
+from psych_sandbox_core.testing.protocol_fuzz import (
+    ConversationMachine,
+    feed_reader,
+    hostile_lines,
+    interesting_seeds,
+)
+
+#: Short, derandomized and without a database: the same examples on every run, in CI too.
+SHORT = settings(
+    max_examples=30,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def test_the_conversation_keeps_its_invariants_under_hostile_lines() -> None:
+    run_state_machine_as_test(ConversationMachine, settings=settings(SHORT, stateful_step_count=12))
+
+
+@SHORT
+@given(st.binary(max_size=4096))
+def test_the_reader_and_codec_on_random_bytes(data: bytes) -> None:
+    feed_reader(data)
+
+
+@SHORT
+@given(st.lists(hostile_lines, max_size=6))
+def test_the_reader_and_codec_on_hostile_lines(lines: list[bytes]) -> None:
+    feed_reader(b"\n".join(lines) + b"\n")
+
+
+def test_the_seed_corpus_goes_through_the_reader() -> None:
+    for seed in interesting_seeds():
+        feed_reader(seed)
