@@ -93,6 +93,12 @@ class Launched(ABC):
         alive; None when this backend can only measure after teardown."""
         return None
 
+    def unrelayed(self, stream: str) -> tuple[int, int]:
+        """Bytes and newlines of ``stream`` ("stdout" or "stderr") that the child wrote but
+        this launch did not hand over (a relay that forwards only a capped head and tail),
+        asked once the stream has ended; counted toward the result's totals."""
+        return (0, 0)
+
     @abstractmethod
     async def wait_exited(self) -> None:
         """Return when the child has exited (not yet reaped)."""

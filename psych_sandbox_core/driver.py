@@ -197,6 +197,8 @@ class ChildDriver:
                         for event in drained:
                             await event.wait()
                         await self._talk.nothing_after_result()
+                    self._stdout.passed_unseen(*launched.unrelayed("stdout"))
+                    self._stderr.passed_unseen(*launched.unrelayed("stderr"))
                     drains.cancel_scope.cancel()
                     await self._talk.release_held()
         return status

@@ -88,6 +88,14 @@ class StreamCapture:
         held, self._held = self._held, b""
         self._keep(held)
 
+    def passed_unseen(self, byte_count: int, newline_count: int) -> None:
+        """Count ``byte_count`` bytes (``newline_count`` newlines) of the stream that went by
+        between its head and its tail without reaching this host (a relay that forwards
+        only what a capture keeps): dropped, as if read and not kept."""
+        byte_count = max(0, byte_count)
+        self.total_bytes += byte_count
+        self.total_newlines += min(max(0, newline_count), byte_count)
+
     def _keep(self, data: bytes) -> None:
         if not data:
             return

@@ -235,6 +235,8 @@ class RemoteExecution(Launched):
         self.ended = anyio.Event()
         self._end_seen = False
         self._stdout_send, self.stdout = _pipe()
+        #: Per stream, the bytes and newlines the service counted but did not relay.
+        self._unrelayed: dict[str, tuple[int, int]] = {}
         self._stderr_send, self.stderr = _pipe()
         self._channel_send, channel_pipe = _pipe()
         self.channel = _Channel(self, channel_pipe)
@@ -364,10 +366,10 @@ class RemoteExecution(Launched):
         elif isinstance(event, Ended):
             if event.type == "channel_end":
                 self._channel_send.close()
-            elif event.type == "stdout_end":
-                self._stdout_send.close()
-            elif event.type == "stderr_end":
-                self._stderr_send.close()
+            elif event.type in ("stdout_end", "stderr_end"):
+                stream = event.type[: -len("_end")]
+                self._unrelayed[stream] = (event.skipped_bytes, event.skipped_newlines)
+                (self._stdout_send if stream == "stdout" else self._stderr_send).close()
             elif event.type == "exited":
                 self.exited.set()
         elif isinstance(event, Failed):
@@ -466,6 +468,9 @@ class RemoteExecution(Launched):
 
     async def wait_exited(self) -> None:
         await self.exited.wait()
+
+    def unrelayed(self, stream: str) -> tuple[int, int]:
+        return self._unrelayed.get(stream, (0, 0))
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
         return None

@@ -48,6 +48,7 @@ from .wire import (
     MAX_CHANNEL_REQUEST_BYTES,
     MAX_MESSAGE_CHARS,
     MAX_REQUEST_BYTES,
+    MAX_SKIPPED_BYTES,
     NDJSON,
     RELAY_CHUNK_BYTES,
     REMOTE_PROTOCOL_VERSION,
@@ -250,6 +251,7 @@ class _Execution:
         cap = self.limits.stdout_bytes if kind == "stdout" else self.limits.stderr_bytes
         sent = 0
         tail = bytearray()
+        skipped_bytes = skipped_newlines = 0
         try:
             while True:
                 try:
@@ -262,12 +264,26 @@ class _Execution:
                     await self._emit.send(data_event(kind, self.id, head))
                 if chunk:
                     tail += chunk
-                    del tail[: max(0, len(tail) - cap)]
+                    excess = len(tail) - cap
+                    if excess > 0:
+                        # Counted, so the client's totals are the stream's, not the relay's.
+                        skipped_bytes += excess
+                        skipped_newlines += tail.count(b"\n", 0, excess)
+                        del tail[:excess]
             for start in range(0, len(tail), RELAY_CHUNK_BYTES):
                 piece = bytes(tail[start : start + RELAY_CHUNK_BYTES])
                 await self._emit.send(data_event(kind, self.id, piece))
             ended: Any = f"{kind}_end"
-            await self._emit.send(encode_event(Ended(type=ended, execution=self.id)))
+            await self._emit.send(
+                encode_event(
+                    Ended(
+                        type=ended,
+                        execution=self.id,
+                        skipped_bytes=min(skipped_bytes, MAX_SKIPPED_BYTES),
+                        skipped_newlines=min(skipped_newlines, MAX_SKIPPED_BYTES),
+                    )
+                )
+            )
         finally:
             end.set()
 

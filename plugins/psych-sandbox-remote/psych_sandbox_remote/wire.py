@@ -45,6 +45,8 @@ RELAY_CHUNK_BYTES = 48 * 1024
 #: Longest event line a client accepts, newline excluded: a relayed chunk in base64 and its
 #: envelope, or a status with a message of at most MAX_MESSAGE_CHARS (escaped, 6 bytes each).
 MAX_EVENT_BYTES = 96 * 1024
+#: Largest count of unrelayed bytes a stream's end may claim (2**53: exact in any JSON reader).
+MAX_SKIPPED_BYTES = 2**53
 
 #: Longest free text (an error or failure message) taken from a service.
 MAX_MESSAGE_CHARS = 4096
@@ -139,6 +141,10 @@ class Ended(_Model):
 
     type: Literal["channel_end", "stdout_end", "stderr_end", "exited", "heartbeat"]
     execution: ExecutionId
+    #: On a stream's end: bytes and newlines between the relayed head and tail that were
+    #: not relayed (the client keeps no more than each stream's cap of head and tail).
+    skipped_bytes: Annotated[int, Field(ge=0, le=MAX_SKIPPED_BYTES)] = 0
+    skipped_newlines: Annotated[int, Field(ge=0, le=MAX_SKIPPED_BYTES)] = 0
 
 
 class Status(_Model):
