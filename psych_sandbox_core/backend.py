@@ -87,11 +87,21 @@ class Launched(ABC):
     #: result are complete, finishing this launch's teardown afterwards (see pool.py). Only
     #: for a backend whose output streams carry exactly what the child wrote, in order.
     early_result_ok: bool = False
+    #: The uid of the host process a child that runs elsewhere runs beside (a relayed
+    #: child's service), as known by the handshake: its identity is graded against that
+    #: uid and this process's both. None: the child runs beside this process.
+    host_uid: int | None = None
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
         """CPU seconds and peak memory of the child so far, read while it may still be
         alive; None when this backend can only measure after teardown."""
         return None
+
+    def connections_elsewhere(self) -> int:
+        """Connections to this execution's probe listeners that the backend saw where the
+        child runs (a relayed child's service has listeners of its own), asked after
+        ``finish``; counted with this host's own as evidence the network was reached."""
+        return 0
 
     def unrelayed(self, stream: str) -> tuple[int, int]:
         """Bytes and newlines of ``stream`` ("stdout" or "stderr") that the child wrote but

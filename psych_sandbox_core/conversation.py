@@ -20,7 +20,7 @@ from typing import Any
 
 from .artifact_channel import ChannelCollector
 from .errors import ErrorKind, ProtocolViolation
-from .grading import Grade, Guarantee, Mechanisms, grade
+from .grading import Grade, Guarantee, Mechanisms, grade, weaker
 from .protocol import (
     PROTOCOL_VERSION,
     AbortFrame,
@@ -182,6 +182,9 @@ class Conversation:
         #: What the backend applied; graded against the report when it arrives.
         self.mechanisms = mechanisms
         self._host_uid = host_uid
+        #: The uid of the host process beside a child that runs elsewhere (a relay's
+        #: service), when the backend knows it: graded against too (see _hello).
+        self.far_host_uid: int | None = None
         self.hello: HelloFrame | None = None
         self.grades: dict[Guarantee, Grade] = {}
         #: The program's refusal (not a cancellation's), decided before anything ran.
@@ -247,7 +250,16 @@ class Conversation:
             return self._violated(
                 f"child speaks protocol {hello.protocol}, host speaks {PROTOCOL_VERSION}"
             )
-        self.grades = grade(self.mechanisms, hello.report, host_uid=self._host_uid)
+        grades = grade(self.mechanisms, hello.report, host_uid=self._host_uid)
+        far = self.far_host_uid
+        if far is not None and far != self._host_uid:
+            # The child's uid must be neither host's: the two may share a machine (a service
+            # on loopback), so each guarantee keeps the weaker of the two readings.
+            there = grade(self.mechanisms, hello.report, host_uid=far)
+            grades = {
+                guarantee: weaker(held, there[guarantee]) for guarantee, held in grades.items()
+            }
+        self.grades = grades
         self.hello = hello
         self._move("hello")
         return []

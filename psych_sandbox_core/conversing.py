@@ -49,21 +49,22 @@ class LinkedConversation:
     async def connect(self, listener: ChannelListener) -> None:
         self._link = await open_link(listener)
 
-    async def next(self, mechanisms: Mechanisms) -> list[Action]:
-        """Read the next frame and feed it to the conversation; ``mechanisms`` are what
-        the backend applied as they stand now (graded when the report arrives)."""
+    async def next(self, applied: tuple[Mechanisms, int | None] | None = None) -> list[Action]:
+        """Read the next frame and feed it to the conversation; ``applied`` is, during the
+        handshake, what the backend applied and the uid of the host beside the child, as
+        they stand now (graded when the report arrives)."""
         assert self._link is not None
         try:
             frame = await self._link.receive()
         except ProtocolViolation as exc:
             return self.conversation.violate(str(exc))
-        if self.conversation.state is State.AWAITING_HELLO:
+        if self.conversation.state is State.AWAITING_HELLO and applied is not None:
             # As they stand when the report arrives: a backend relaying a child that runs
-            # elsewhere learns what was applied there from the report's way through.
-            self.conversation.mechanisms = mechanisms
+            # elsewhere learns what was applied there, and by whom, as the child starts.
+            self.conversation.mechanisms, self.conversation.far_host_uid = applied
         return self.conversation.receive(frame)
 
-    async def program(self, terms: ProgramTerms, calls: CallServer, mechanisms: Mechanisms) -> bool:
+    async def program(self, terms: ProgramTerms, calls: CallServer) -> bool:
         """Give the graded child its program (or refuse it) and read its frames to their
         end, its calls served meanwhile. Whether the host's work for the program used up
         its CPU (the caller ends the child)."""
@@ -78,7 +79,7 @@ class LinkedConversation:
             ) as self._flight:
                 try:
                     while conversation.listening:
-                        actions = await self.next(mechanisms)
+                        actions = await self.next()
                         await self.perform(actions)
                         # Dropped before the next frame is read: a wide tree freed young is
                         # never aged by the collector (see protocol/codec.py).

@@ -92,7 +92,7 @@ class ChildDriver:
             ) from None
         try:
             with anyio.fail_after(HANDSHAKE_SECONDS):
-                actions = await talk.next(self._launched.mechanisms)
+                actions = await talk.next((self._launched.mechanisms, self._launched.host_uid))
         except TimeoutError:
             await talk.close()
             raise StartupFailed(
@@ -213,7 +213,7 @@ class ChildDriver:
             if self._harness.connections:
                 conversation.network_reached()
             terms, calls = self._terms(plan, end_marker)
-            if await self._talk.program(terms, calls, self._launched.mechanisms):
+            if await self._talk.program(terms, calls):
                 raise _CpuSpentWithHost()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             conversation.receive(None)  # the child went away; its exit status says how
@@ -304,13 +304,12 @@ class ChildDriver:
     # ------------------------------------------------------------------ the ending
 
     def account_connections(self) -> None:
-        if self._harness.connections:
+        seen = self._harness.connections + self._launched.connections_elsewhere()
+        if seen:
             # Host-side evidence outranks anything the child said about itself.
             self.conversation.network_reached()
         if self.conversation.ran:
-            self._connections_during_run = max(
-                0, self._harness.connections - self._probe_connections
-            )
+            self._connections_during_run = max(0, seen - self._probe_connections)
 
     async def conclude(
         self, plan: ExecutionPlan, started: float, backend_failure: ExecutionFailure | None = None

@@ -13,17 +13,29 @@ import pytest
 
 from psych_sandbox_core.bindings import CallServer, FunctionBindings, ToolSpec
 from psych_sandbox_core.errors import ErrorKind
-from psych_sandbox_core.grading import Level, Mechanisms
+from psych_sandbox_core.grading import Grade, Guarantee, Level, Mechanisms
 from psych_sandbox_core.host import ExecutionPlan, NotPrepared, PreparedChild, execute, prepare
 from psych_sandbox_core.pool import WarmPool
-from psych_sandbox_core.protocol import AbortFrame, HostFrame, ReplyFrame, RunFrame
+from psych_sandbox_core.protocol import (
+    AbortFrame,
+    HostFrame,
+    NetworkObservation,
+    ReplyFrame,
+    RunFrame,
+)
 from psych_sandbox_core.result import BackendIdentity
 from psych_sandbox_core.terms import ExecutionLimits
-from psych_sandbox_core.testing.fake_backend import FakeBackend, ScriptedChild
+from psych_sandbox_core.testing.fake_backend import (
+    FakeBackend,
+    Relayed,
+    ScriptedChild,
+    honest_report,
+)
 
 pytestmark = pytest.mark.anyio
 
 LIMITS = ExecutionLimits(wall_seconds=30.0, grace_seconds=0.1)
+NETWORK_UNREACHABLE = NetworkObservation(ipv4="unreachable", ipv6="unreachable", interfaces_up=[])
 
 
 def plan(**changes: Any) -> ExecutionPlan:
@@ -363,3 +375,48 @@ async def test_mechanisms_reach_the_grades() -> None:
     weak = await execute(FakeBackend(script), plan())
     strong = await execute(FakeBackend(script, mechanisms=Mechanisms(pids_cgroup=True)), plan())
     assert weak.grades != strong.grades
+
+
+async def test_a_relayed_childs_identity_is_graded_against_both_hosts() -> None:
+    """A child that runs beside another host (a relay's service) is graded against that
+    host's uid too: running as the far host's own uid, it holds that host's secrets, and the
+    identity guarantee is not enforced even though this host's uid differs."""
+    far_uid = 4242
+
+    async def script(child: ScriptedChild) -> None:
+        await child.hello(
+            honest_report(uid=far_uid, euid=far_uid, gid=far_uid, capabilities="0" * 16)
+        )
+        await child.receive()
+        await child.returned(None)
+
+    strong = Mechanisms(unprivileged_identity=True, exclusive_identity=True, ipc_namespace=True)
+    here = await execute(FakeBackend(script, mechanisms=strong), plan())
+    there = await execute(FakeBackend(script, mechanisms=strong, far_host_uid=far_uid), plan())
+    assert here.grades[Guarantee.IDENTITY] is Grade.ENFORCED
+    assert there.grades[Guarantee.IDENTITY] is not Grade.ENFORCED
+
+
+async def test_what_a_relay_saw_elsewhere_counts_here() -> None:
+    """Connections a relay's far-side listeners saw withhold the output as this host's own
+    would, and bytes it did not relay between a stream's head and tail are counted in that
+    stream's totals."""
+
+    async def script(child: ScriptedChild) -> None:
+        await child.hello(honest_report(network=NETWORK_UNREACHABLE))
+        await child.receive()
+        await child.stdout(b"head\n")
+        await child.returned(None)
+
+    quiet = await execute(FakeBackend(script), plan())
+    assert quiet.error is None and quiet.stdout == "head\n"
+    assert (quiet.stdout_info.total_bytes, quiet.stdout_info.total_lines) == (5, 1)
+    skipped = await execute(
+        FakeBackend(script, relayed=Relayed(unrelayed={"stdout": (1000, 10)})), plan()
+    )
+    assert skipped.error is None
+    assert (skipped.stdout_info.total_bytes, skipped.stdout_info.total_lines) == (1005, 11)
+    assert skipped.stdout_info.dropped_bytes == 1000
+    seen = await execute(FakeBackend(script, relayed=Relayed(connections_elsewhere=1)), plan())
+    assert seen.error is not None and seen.error.kind is ErrorKind.ISOLATION_UNAVAILABLE
+    assert "loopback listener" in seen.error.message and seen.stdout == ""

@@ -22,6 +22,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import anyio
@@ -48,7 +49,7 @@ from ..protocol import (
 )
 from ..protocol.frames import Frame
 
-__all__ = ["FakeBackend", "FakeLaunched", "Script", "ScriptedChild", "honest_report"]
+__all__ = ["FakeBackend", "FakeLaunched", "Relayed", "Script", "ScriptedChild", "honest_report"]
 
 
 class _Pipe(ByteStream):
@@ -203,6 +204,16 @@ class _FakeListener(ChannelListener):
         self._host_end.close()
 
 
+@dataclass(frozen=True)
+class Relayed:
+    """What a backend relaying a child that runs elsewhere reports of the far side (see
+    :class:`Launched`): connections its probe listeners saw, and per stream the bytes and
+    newlines it did not hand over."""
+
+    connections_elsewhere: int = 0
+    unrelayed: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
 class FakeLaunched(Launched):
     """A launched fake child (see the module's docstring)."""
 
@@ -210,6 +221,8 @@ class FakeLaunched(Launched):
         self.mechanisms = backend.mechanisms
         self.early_result_ok = backend.early_result_ok
         self.workspace_path = backend.workspace_path
+        self.host_uid = backend.far_host_uid
+        self._relayed = backend.relayed
         host_channel, child_channel = _pipe()
         out_host, out_child = _pipe()
         err_host, err_child = _pipe()
@@ -244,6 +257,12 @@ class FakeLaunched(Launched):
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
         return self._usage
+
+    def connections_elsewhere(self) -> int:
+        return self._relayed.connections_elsewhere
+
+    def unrelayed(self, stream: str) -> tuple[int, int]:
+        return self._relayed.unrelayed.get(stream, (0, 0))
 
     async def wait_exited(self) -> None:
         await self._exited.wait()
@@ -283,8 +302,13 @@ class FakeBackend(Backend):
         workspace_path: str | None = None,
         usage: tuple[float | None, int | None] | None = None,
         unavailable: str | None = None,
+        far_host_uid: int | None = None,
+        relayed: Relayed | None = None,
     ) -> None:
         super().__init__(BackendOptions())
+        #: As a relaying backend would report them: the far host's uid and what it saw.
+        self.far_host_uid = far_host_uid
+        self.relayed = relayed or Relayed()
         self.script = script
         self.mechanisms = mechanisms or Mechanisms()
         self.early_result_ok = early_result_ok

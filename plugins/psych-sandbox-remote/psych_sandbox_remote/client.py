@@ -24,18 +24,12 @@ import httpx
 from anyio.abc import ByteReceiveStream, ByteStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from psych_sandbox_core.backend_kit import (
-    HANDSHAKE_CEILINGS,
-    MAX_HELLO_FRAME_BYTES,
     ChannelListener,
     ErrorKind,
     ExitStatus,
-    Guarantee,
-    HelloFrame,
     Launched,
     LaunchRequest,
     Mechanisms,
-    decode_child_frame,
-    grade,
 )
 from pydantic import ValidationError
 
@@ -59,7 +53,6 @@ from .wire import (
 
 #: Connections the service's probe listeners saw that are replayed to this host's own
 #: listeners, at most (one is enough to withhold the output).
-MAX_REPLAYED_CONNECTIONS = 4
 
 
 @dataclass
@@ -237,14 +230,14 @@ class RemoteExecution(Launched):
         self._stdout_send, self.stdout = _pipe()
         #: Per stream, the bytes and newlines the service counted but did not relay.
         self._unrelayed: dict[str, tuple[int, int]] = {}
+        #: Connections the service's own probe listeners saw (its report after finish).
+        self._connections = 0
         self._stderr_send, self.stderr = _pipe()
         self._channel_send, channel_pipe = _pipe()
         self.channel = _Channel(self, channel_pipe)
         self._client: httpx.AsyncClient | None = None
         self._send_lock = anyio.Lock()
         self._status: ExitStatus | None = None
-        self._hello = bytearray()
-        self._hello_checked = False
         self._reader_scope: anyio.CancelScope | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -356,8 +349,6 @@ class RemoteExecution(Launched):
             if not data:
                 return  # nothing, and never an end of stream: that has events of its own
             if event.type == "channel":
-                if not self._hello_checked:
-                    self._judge_identity(data)
                 self._channel_send.send_nowait(data)
             elif event.type == "stdout":
                 self._stdout_send.send_nowait(data)
@@ -383,31 +374,6 @@ class RemoteExecution(Launched):
             raise ValueError("a status event in the stream (it answers a finish request)")
         else:
             self._end_seen = True
-
-    def _judge_identity(self, data: bytes) -> None:
-        """The child's identity is judged against the uid of the service, which may differ
-        from this host's: where the service's uid gives a weaker identity grade than this
-        host's would, the identity mechanism is not counted (the grade goes down, never up).
-        The bytes themselves go to the core unchanged, which checks them as it checks any
-        child's."""
-        self._hello += data
-        end = self._hello.find(b"\n")
-        if end < 0 and len(self._hello) <= MAX_HELLO_FRAME_BYTES:
-            return
-        self._hello_checked = True
-        line, self._hello = bytes(self._hello[: max(end, 0)]), bytearray()
-        if self.host_uid is None or self.host_uid == os.getuid():
-            return
-        try:
-            hello = decode_child_frame(line, HANDSHAKE_CEILINGS)
-        except Exception:
-            return  # the core refuses it itself
-        if not isinstance(hello, HelloFrame):
-            return
-        theirs = grade(self.mechanisms, hello.report, host_uid=self.host_uid)
-        ours = grade(self.mechanisms, hello.report, host_uid=os.getuid())
-        if theirs[Guarantee.IDENTITY] is not ours[Guarantee.IDENTITY]:
-            self.mechanisms = self.mechanisms.model_copy(update={"unprivileged_identity": False})
 
     def _fail(self, kind: ErrorKind, message: str) -> None:
         if self.failure is None:
@@ -469,6 +435,9 @@ class RemoteExecution(Launched):
     async def wait_exited(self) -> None:
         await self.exited.wait()
 
+    def connections_elsewhere(self) -> int:
+        return self._connections
+
     def unrelayed(self, stream: str) -> tuple[int, int]:
         return self._unrelayed.get(stream, (0, 0))
 
@@ -494,12 +463,14 @@ class RemoteExecution(Launched):
                 except (ValidationError, ValueError) as exc:
                     self._fail(ErrorKind.REMOTE_MALFORMED, _malformed(exc))
                     status = None
-        if status is not None and status.connections:
-            await self._replay_connections(status.connections)
-        self._status = self._exit_status(status)
+        self._status = self._take_status(status)
         return self._status
 
-    def _exit_status(self, status: Status | None) -> ExitStatus:
+    def _take_status(self, status: Status | None) -> ExitStatus:
+        """How the child ended, from the service's status (None: it gave none); the
+        connections its listeners saw are kept for the core (connections_elsewhere)."""
+        if status is not None:
+            self._connections = status.connections
         hint = self.failure
         if hint is None and status is not None and status.hint_kind is not None:
             try:
@@ -519,22 +490,6 @@ class RemoteExecution(Launched):
             peak_memory_bytes=status.peak_memory_bytes,
             failure_hint=hint,
         )
-
-    async def _replay_connections(self, count: int) -> None:
-        """The service's probe listeners saw the program connect: make this host's listeners
-        see as many (bounded), so the core's own evidence withholds the output."""
-        port = self.request.probe.port4
-        if port is None:
-            return
-        for _ in range(min(count, MAX_REPLAYED_CONNECTIONS)):
-            with anyio.move_on_after(5):
-                stream = await anyio.connect_tcp("127.0.0.1", port)
-                async with stream:
-                    # The listener counts, then closes: its close is our proof it counted.
-                    try:
-                        await stream.receive()
-                    except (anyio.EndOfStream, anyio.BrokenResourceError):
-                        pass
 
 
 async def _refused(response: httpx.Response) -> tuple[ErrorKind, str]:

@@ -46,9 +46,9 @@ from .tenants import Tenant, Tenants
 from .wire import (
     HEARTBEAT_SECONDS,
     MAX_CHANNEL_REQUEST_BYTES,
+    MAX_COUNT,
     MAX_MESSAGE_CHARS,
     MAX_REQUEST_BYTES,
-    MAX_SKIPPED_BYTES,
     NDJSON,
     RELAY_CHUNK_BYTES,
     REMOTE_PROTOCOL_VERSION,
@@ -279,8 +279,8 @@ class _Execution:
                     Ended(
                         type=ended,
                         execution=self.id,
-                        skipped_bytes=min(skipped_bytes, MAX_SKIPPED_BYTES),
-                        skipped_newlines=min(skipped_newlines, MAX_SKIPPED_BYTES),
+                        skipped_bytes=min(skipped_bytes, MAX_COUNT),
+                        skipped_newlines=min(skipped_newlines, MAX_COUNT),
                     )
                 )
             )

@@ -45,8 +45,9 @@ RELAY_CHUNK_BYTES = 48 * 1024
 #: Longest event line a client accepts, newline excluded: a relayed chunk in base64 and its
 #: envelope, or a status with a message of at most MAX_MESSAGE_CHARS (escaped, 6 bytes each).
 MAX_EVENT_BYTES = 96 * 1024
-#: Largest count of unrelayed bytes a stream's end may claim (2**53: exact in any JSON reader).
-MAX_SKIPPED_BYTES = 2**53
+#: Largest count a service may claim (unrelayed bytes, connections seen): 2**53, exact in any
+#: JSON reader.
+MAX_COUNT = 2**53
 
 #: Longest free text (an error or failure message) taken from a service.
 MAX_MESSAGE_CHARS = 4096
@@ -143,8 +144,8 @@ class Ended(_Model):
     execution: ExecutionId
     #: On a stream's end: bytes and newlines between the relayed head and tail that were
     #: not relayed (the client keeps no more than each stream's cap of head and tail).
-    skipped_bytes: Annotated[int, Field(ge=0, le=MAX_SKIPPED_BYTES)] = 0
-    skipped_newlines: Annotated[int, Field(ge=0, le=MAX_SKIPPED_BYTES)] = 0
+    skipped_bytes: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
+    skipped_newlines: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
 
 
 class Status(_Model):
@@ -160,7 +161,7 @@ class Status(_Model):
     hint_kind: Annotated[str, Field(max_length=64)] | None = None
     hint_message: Message | None = None
     #: Connections the service's probe listeners saw (evidence of network exposure).
-    connections: Annotated[int, Field(ge=0)] = 0
+    connections: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
 
 
 class Failed(_Model):

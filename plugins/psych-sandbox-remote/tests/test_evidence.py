@@ -1,78 +1,65 @@
-"""Evidence seen on the service reaches this host's own accounts: connections the service's
-probe listeners saw are replayed to this host's listeners, so the core withholds the output
-exactly as it does for a local child."""
+"""Evidence seen where the child runs reaches this host's own accounts. A service's own
+probe listeners count connections the program made there, and its relay leaves out the
+middle of a long stream: the client hands both to the core through the launch contract
+(``Launched.connections_elsewhere`` and ``Launched.unrelayed``), which counts them as a local
+child's (tests/test_driver.py shows the core withholding and counting). The service's uid
+reaches the grading the same way (``Launched.host_uid``). The stream-end counts across a real
+service are checked by the conformance suite's exact byte count."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from psych_sandbox_core.backend import LaunchRequest, ProbeTargets
-from psych_sandbox_core.grading import Grade, Guarantee, Mechanisms, grade
-from psych_sandbox_core.host import ProbeHarness, bootstrap_source
-from psych_sandbox_core.protocol import HelloFrame
 from psych_sandbox_core.terms import ExecutionLimits
-from remote_support import hello
+from pydantic import ValidationError
+from remote_support import started
 
-from psych_sandbox_remote.client import MAX_REPLAYED_CONNECTIONS, Endpoint, RemoteExecution
+from psych_sandbox_remote.client import Endpoint, RemoteExecution
 from psych_sandbox_remote.options import RemoteOptions
+from psych_sandbox_remote.wire import EVENT, MAX_COUNT, Ended, Started, Status
+
+pytestmark = pytest.mark.anyio
+
+EXECUTION = "a" * 32
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("seen", [1, 3, 1000])
-async def test_connections_seen_remotely_are_counted_here(seen: int) -> None:
-    async with ProbeHarness().active() as harness:
-        assert harness.targets is not None
-        request = LaunchRequest(
-            bootstrap_source=bootstrap_source(), probe=harness.targets, limits=ExecutionLimits()
-        )
-        execution = RemoteExecution(
-            Endpoint("http://127.0.0.1:1"), RemoteOptions(url="http://127.0.0.1:1"), request
-        )
-        await execution._replay_connections(seen)
-        assert harness.connections == min(seen, MAX_REPLAYED_CONNECTIONS)
-        await execution.close()
-
-
-STRONG = Mechanisms(
-    filesystem_boundary=True,
-    network_namespace=True,
-    ipc_namespace=True,
-    process_tree_boundary=True,
-    unprivileged_identity=True,
-    exclusive_identity=True,
-)
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("service_uid", [12345, None])
-async def test_identity_is_judged_against_the_services_uid(service_uid: int | None) -> None:
+def execution() -> RemoteExecution:
     request = LaunchRequest(
         bootstrap_source="", probe=ProbeTargets(None, None, None, 1), limits=ExecutionLimits()
     )
-    execution = RemoteExecution(
+    return RemoteExecution(
         Endpoint("http://127.0.0.1:1"), RemoteOptions(url="http://127.0.0.1:1"), request
     )
+
+
+@pytest.mark.parametrize("seen", [0, 3, MAX_COUNT])
+async def test_connections_the_service_saw_are_handed_to_the_core(seen: int) -> None:
+    remote = execution()
     try:
-        judged(execution, service_uid)
+        status = Status(type="status", execution=EXECUTION, code=0, signal=None, connections=seen)
+        remote._take_status(status)
+        assert remote.connections_elsewhere() == seen
     finally:
-        await execution.close()
+        await remote.close()
 
 
-def judged(execution: RemoteExecution, service_uid: int | None) -> None:
-    execution.mechanisms = STRONG
-    execution.host_uid = os.getuid() if service_uid is None else service_uid
-    line = hello(12345)
-    # The hello arrives in pieces, as relayed chunks do.
-    execution._judge_identity(line[:40])
-    execution._judge_identity(line[40:])
-    report = HelloFrame.model_validate_json(line).report
-    here = grade(execution.mechanisms, report, host_uid=os.getuid())[Guarantee.IDENTITY]
-    there = grade(STRONG, report, host_uid=execution.host_uid)[Guarantee.IDENTITY]
-    if service_uid is None:
-        assert execution.mechanisms == STRONG
-    else:
-        # The child runs as the service's own uid: never graded better than the service
-        # itself would grade it.
-        assert there is Grade.UNVERIFIED
-        assert here is not Grade.ENFORCED
+async def test_a_streams_unrelayed_middle_and_the_services_uid_are_handed_to_the_core() -> None:
+    remote = execution()
+    try:
+        remote._on_event(started(EXECUTION).strip())
+        assert remote.host_uid is not None
+        end = Ended(type="stdout_end", execution=EXECUTION, skipped_bytes=70, skipped_newlines=7)
+        remote._on_event(end.model_dump_json().encode())
+        assert remote.unrelayed("stdout") == (70, 7)
+        assert remote.unrelayed("stderr") == (0, 0)
+    finally:
+        await remote.close()
+
+
+@pytest.mark.parametrize("field", ["skipped_bytes", "skipped_newlines"])
+async def test_a_service_claiming_impossible_counts_is_malformed(field: str) -> None:
+    line = Ended(type="stdout_end", execution=EXECUTION).model_dump_json()
+    for bad in (-1, MAX_COUNT + 1):
+        with pytest.raises(ValidationError):
+            EVENT.validate_json(line.replace(f'"{field}":0', f'"{field}":{bad}').encode())
+    assert isinstance(EVENT.validate_json(started(EXECUTION)), Started)
