@@ -22,6 +22,8 @@ What is here:
   :func:`execution_cgroup` (a cgroup of the execution's own: usage, caps, and the
   :class:`EmptyCgroup` proof a lease is retired with);
 * telling a live host process from a dead one whose pid was reused: :func:`start_time`;
+* saying where a launch's time goes: :func:`mark` (a point reached, for benchmarks: free
+  unless a caller records; the kit's helpers mark their own points, such as ``spawned``);
 * registering: :func:`hookimpl` and :class:`BackendRegistrar`;
 * relaying a child that runs elsewhere (a remote service): :func:`bootstrap_source`,
   :class:`ProbeHarness` (the canary and listeners an execution is judged by, where the child
@@ -81,6 +83,7 @@ from .interpreter import (
     resolve_environment,
     resolve_interpreter,
 )
+from .phases import mark
 from .probe_harness import ProbeHarness
 from .process import ExitStatus, ManagedProcess
 from .protocol import (
@@ -161,6 +164,7 @@ __all__ = [
     "host_is_root",
     "leased_identity",
     "level_at_least",
+    "mark",
     "read_some",
     "remove_cgroup_tree",
     "remove_execution_cgroup",

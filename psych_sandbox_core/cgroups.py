@@ -34,6 +34,7 @@ import anyio
 from psych_sandbox_core.cgroupfs import Hierarchy, hierarchies
 
 from .identity import EmptyCgroup, remove_execution_cgroup
+from .phases import mark
 
 #: Per-execution cgroups are named ``<PREFIX><backend>-<host pid>-<random>``, so a later host
 #: can tell a leftover (its host died before teardown) from a live one.
@@ -346,6 +347,7 @@ async def prepared(
     except OSError:
         await cgroup.remove()
         return None
+    mark("cgroup made")
     return cgroup
 
 

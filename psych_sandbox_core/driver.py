@@ -39,6 +39,7 @@ from .conversation import (
 from .errors import ProtocolViolation
 from .outcome import Happened, assemble, failure_of, refusal_of, returned_json, withheld
 from .output import StreamCapture
+from .phases import mark
 from .plan import ExecutionPlan
 from .preservation import artifact_collector, collect_artifacts, preserve, unavailable_failure
 from .probe_harness import ProbeHarness
@@ -159,6 +160,7 @@ class ChildDriver:
         try:
             with anyio.fail_after(HANDSHAKE_SECONDS):
                 self._link = await open_link(self._launched.channel)
+            mark("connected")
         except TimeoutError:
             raise StartupFailed(
                 f"the sandboxed interpreter did not connect within {HANDSHAKE_SECONDS:g} s"
@@ -175,6 +177,7 @@ class ChildDriver:
             await self.close_link()
             raise
         await self._perform(actions)
+        mark("hello")
 
     async def _next(self) -> list[Action]:
         """Read the next frame and feed it to the conversation."""
@@ -273,6 +276,7 @@ class ChildDriver:
                                 await launched.wait_exited()
                         else:
                             await launched.wait_exited()
+                            mark("exited")
                 if wall.cancelled_caught:
                     self.timed_out = not self.cancelled
                     await launched.terminate(plan.limits.grace_seconds)
@@ -281,6 +285,7 @@ class ChildDriver:
             finally:
                 with anyio.CancelScope(shield=True):
                     status = await launched.finish()
+                    mark("reaped")
                     if status.tree_ended is False:
                         self.conversation.tree_not_seen_ended()
                     # Every process is gone; what they wrote is flushed. Bound the wait
@@ -289,6 +294,7 @@ class ChildDriver:
                         for event in drained:
                             await event.wait()
                         await self._nothing_after_result()
+                    mark("streams drained")
                     drains.cancel_scope.cancel()
                     await self._release_held()
         return status
@@ -304,12 +310,14 @@ class ChildDriver:
                 conversation.network_reached()
             terms = self._terms(plan, end_marker)
             await self._perform(conversation.start(terms))
+            mark("run sent")
             while conversation.listening:
                 actions = await self._next()
                 await self._perform(actions)
                 # Dropped before the next frame is read: a wide tree freed young is never
                 # aged by the collector (see protocol/codec.py).
                 del actions
+            mark("result frame")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             conversation.receive(None)  # the child went away; its exit status says how
         finally:

@@ -58,6 +58,7 @@ from ..backend_kit import (
     hookimpl,
     host_is_root,
     leased_identity,
+    mark,
     remove_tree,
     resolve_environment,
     resolve_interpreter,
@@ -227,6 +228,7 @@ class SubprocessBackend(Backend):
                 # was handed over by the bootstrap alone.
                 try:
                     namespace = await PidNamespace.receive(report, INIT_REPORT_SECONDS)
+                    mark("namespace reported")
                 except TimeoutError:
                     raise BackendUnavailable(
                         f"the bootstrap did not report its pid namespace within "

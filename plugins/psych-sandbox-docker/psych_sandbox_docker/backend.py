@@ -53,6 +53,7 @@ from psych_sandbox_core.backend_kit import (
     hookimpl,
     host_is_root,
     leased_identity,
+    mark,
     wait_started,
 )
 from pydantic import Field, field_validator
@@ -383,6 +384,7 @@ class DockerBackend(Backend):
                 cgroup_name=cgroup_name if measured else None,
             )
             await container.start(body)
+            mark("spawned")
             await container.started()
             yield container
         finally:
