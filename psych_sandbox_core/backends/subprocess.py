@@ -41,6 +41,7 @@ from ..backend_kit import (
     BackendRegistrar,
     BackendUnavailable,
     ExecutionCgroup,
+    ExecutionIdentity,
     ExitStatus,
     InheritedSocketChannel,
     InterpreterOptions,
@@ -168,14 +169,15 @@ class SubprocessBackend(Backend):
             leased_identity(
                 self.identities, lease=self.drops_identity, fixed=self.fixed_identity
             ) as identity,
-            self._launch(request, identity.ids, exclusive=identity.exclusive) as launched,
+            self._launch(request, identity) as launched,
         ):
             yield launched
 
     @asynccontextmanager
     async def _launch(
-        self, request: LaunchRequest, identity: tuple[int, int] | None, *, exclusive: bool
+        self, request: LaunchRequest, execution: ExecutionIdentity
     ) -> AsyncIterator[Launched]:
+        identity, exclusive = execution.ids, execution.exclusive
         workspace = create_workspace(identity)
         channel = InheritedSocketChannel()
         process: ManagedProcess | None = None
@@ -258,8 +260,11 @@ class SubprocessBackend(Backend):
                     report.close()
                 await channel.aclose()
                 if cgroup is not None:
-                    # Stragglers in it (a daemon that left the group) are killed first.
-                    await cgroup.remove()
+                    # Stragglers in it (a daemon that left the group) are killed first. The
+                    # bootstrap joined it before anything forked, and no process of the
+                    # program can leave it: its removal proves the tree gone, which spares
+                    # the lease's sweep its scan of the host's processes.
+                    execution.proven_empty(await cgroup.remove())
                 # In a worker thread: a program can leave hundreds of thousands of files, and
                 # the event loop serves every other execution's clock meanwhile.
                 await anyio.to_thread.run_sync(remove_tree, workspace)
