@@ -6,7 +6,9 @@ For each available backend it prints:
 
 - cold: every execution launches its child from nothing;
 - warm: a profile with `warm = 1`, at low load (each execution starts once the next child is
-  ready, waited for, not guessed) — each child still runs exactly one program;
+  ready, waited for, not guessed, and has then been idle for `--idle` seconds, as between
+  requests that do not arrive back to back: an idle child imports what an awaiting program
+  needs) — each child still runs exactly one program;
 - sustained: the same warm profile driven back to back, as executions per second;
 - where a backend names one (`bare_command()`), the bare equivalent of its own start-up
   (e.g. `docker run` of the same image) measured in the same run;
@@ -17,7 +19,7 @@ For each available backend it prints:
   reached (psych_sandbox_core.phases: timestamps taken in the host as it reaches each point,
   not estimates), and how much of it comes after the child's result frame.
 
-    python benchmarks/latency.py [--runs N] [--backend ID ...]
+    python benchmarks/latency.py [--runs N] [--backend ID ...] [--idle SECONDS]
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ async def time_run(
     return elapsed
 
 
-async def measure(backend_id: str, runs: int) -> None:
+async def measure(backend_id: str, runs: int, idle: float) -> None:
     config = DeploymentConfig(
         profiles={
             "cold": ProfileConfig(backend=backend_id),
@@ -116,11 +118,13 @@ async def measure(backend_id: str, runs: int) -> None:
         for _ in range(runs):
             floor.append(time_command(floor_argv))
             cold.append(await time_run(sandbox, "cold", marks=cold_marks))
-            await sandbox.warmed("warm")  # low load: the next child is ready
+            await sandbox.warmed("warm")  # low load: the next child is ready, and idle
+            await anyio.sleep(idle)
             warm.append(await time_run(sandbox, "warm"))
             for name, program in AWAITING.items():
                 awaiting[name][0].append(await time_run(sandbox, "cold", program))
                 await sandbox.warmed("warm")
+                await anyio.sleep(idle)
                 awaiting[name][1].append(await time_run(sandbox, "warm", program))
             if bare_command is not None:
                 bare.append(time_command(bare_command()))
@@ -133,7 +137,10 @@ async def measure(backend_id: str, runs: int) -> None:
     w = statistics.median(warm)
     print(f"{backend_id}: floor `{' '.join(floor_argv[:1])} -I -c pass` median {f * 1e3:.2f} ms")
     print(f"{backend_id}:   cold       median {c * 1e3:7.2f} ms   ratio {c / f:5.2f}x")
-    print(f"{backend_id}:   warm       median {w * 1e3:7.2f} ms   ratio {w / f:5.2f}x (low load)")
+    print(
+        f"{backend_id}:   warm       median {w * 1e3:7.2f} ms   ratio {w / f:5.2f}x "
+        f"(low load: ready, then idle {idle:g} s)"
+    )
     print(f"{backend_id}:   sustained  {rate:7.1f} executions/s back to back (warm = 1)")
     for name, (cold_times, warm_times) in awaiting.items():
         ac, aw = statistics.median(cold_times), statistics.median(warm_times)
@@ -173,6 +180,9 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--backend", action="append", default=None)
+    parser.add_argument(
+        "--idle", type=float, default=0.25, help="seconds a warm child idles before its program"
+    )
     args = parser.parse_args()
     registry = BackendRegistry()
     for backend_id in args.backend or registry.ids():
@@ -180,7 +190,7 @@ async def main() -> None:
         if reason is not None:
             print(f"{backend_id}: not available here ({reason})")
             continue
-        await measure(backend_id, args.runs)
+        await measure(backend_id, args.runs, args.idle)
 
 
 if __name__ == "__main__":
