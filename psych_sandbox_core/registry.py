@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.metadata
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import importlib_metadata
 import pluggy
 from pydantic import ValidationError
 
-from . import hookspecs
+from . import __version__, hookspecs
 from .backend import Backend
 from .errors import ConfigurationError, UnknownBackendError
 
+if TYPE_CHECKING:
+    import importlib_metadata
+
 ENTRY_POINT_GROUP = "psych_sandbox"
+#: The plugins the core ships (as entry points of its own distribution, like any plugin):
+#: asked for by name, each is registered from the core directly, with the core's own
+#: distribution and version, sparing a scan of every installed distribution's metadata.
+CORE_PLUGINS = {"subprocess": "psych_sandbox_core.backends.subprocess"}
+CORE_DISTRIBUTION = "psych-sandbox-core"
 
 #: Where to get a backend nobody has installed, for the error message.
 KNOWN_DISTRIBUTIONS = {
@@ -89,6 +98,10 @@ class BackendRegistry:
             backend_id is not None and self._manager.has_plugin(backend_id)
         ):
             return
+        if backend_id in CORE_PLUGINS:
+            plugin = importlib.import_module(CORE_PLUGINS[backend_id])
+            self.register_plugin(plugin, backend_id, CORE_DISTRIBUTION, __version__)
+            return
         try:
             self._manager.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=backend_id)
         except Exception as exc:
@@ -136,6 +149,8 @@ class BackendRegistry:
         """The ``psych_sandbox`` entry points installed here, none of them loaded. Read once
         per registry: scanning every distribution's metadata is a cost worth paying once."""
         if self._entry_points is None:
+            import importlib_metadata  # (only here: running a program never needs it)
+
             self._entry_points = list(importlib_metadata.entry_points(group=ENTRY_POINT_GROUP))
         return self._entry_points
 
