@@ -75,7 +75,6 @@ PHASES = {
     "launch left": "teardown: backend clean-up",
     "probe targets removed": "teardown: probe targets removed",
     "result": "result: classified, output preserved, assembled",
-    "result handed back": "result handed to the caller",
 }
 
 
@@ -163,22 +162,17 @@ def print_breakdown(backend_id: str, runs: list[Marks], floor: float) -> None:
     common = max(set(sequences), key=sequences.count)
     kept = [marks for marks, sequence in zip(runs, sequences, strict=True) if sequence == common]
     print(f"{backend_id}:   where a cold execution's time goes (median of {len(kept)} runs):")
-    # The caller has its result at the hand-off where there is one (the teardown may go on
-    # after it), else once the whole execution is over.
-    handed = common.index("result handed back") if "result handed back" in common else None
-    total = after = waited = 0.0
+    total = after = 0.0
     for i in range(1, len(common)):
         step = statistics.median(marks[i][1] - marks[i - 1][1] for marks in kept)
         total += step
         if "result frame" in common[:i]:
             after += step
-            if handed is None or i <= handed:
-                waited += step
         label = PHASES.get(common[i], common[i])
         print(f"{backend_id}:     {step * 1e3:7.2f} ms ({step / floor:5.2f}x floor)  {label}")
     print(
-        f"{backend_id}:     {total * 1e3:7.2f} ms in all; after the result frame {after * 1e3:.2f}"
-        f" ms, of which the caller waited for {waited * 1e3:.2f} ms"
+        f"{backend_id}:     {total * 1e3:7.2f} ms in all, {after * 1e3:.2f} ms of it after the "
+        f"result frame (the caller waits for it)"
     )
 
 

@@ -83,9 +83,8 @@ class Launched(ABC):
     #: the launch context exits, so the core can collect artifacts. None means this backend
     #: cannot hand back artifacts (its workspace is not reachable from the host).
     workspace_path: str | None = None
-    #: Whether an execution run in the Sandbox's task group (warm, or cold in an entered
-    #: Sandbox) may hand its result back once the program's output and result are complete,
-    #: finishing this launch's teardown afterwards (see host.py). Only
+    #: Whether a warm execution may hand its result back once the program's output and
+    #: result are complete, finishing this launch's teardown afterwards (see pool.py). Only
     #: for a backend whose output streams carry exactly what the child wrote, in order.
     early_result_ok: bool = False
 

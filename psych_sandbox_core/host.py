@@ -1,12 +1,9 @@
 """Drives one execution: probe targets, launch, the child's driver, result, teardown.
 
 A cold execution (:func:`execute`) launches its child with its program known: the handshake
-runs under the program's wall clock and every failure ends in a result. Given a task group
-(the Sandbox's), it runs there, and on a backend that allows it its result is handed back as
-soon as it is complete, its teardown finishing afterwards, as a warm child's does. A warm
-one is split in two (see pool.py): :func:`prepare` launches a child and takes it to the
-graded state in a task of the caller's task group, and :meth:`PreparedChild.serve` gives it
-its one program.
+runs under the program's wall clock and every failure ends in a result. A warm one is split
+in two (see pool.py): :func:`prepare` launches a child and takes it to the graded state in a
+task of the caller's task group, and :meth:`PreparedChild.serve` gives it its one program.
 What happens between host and child is the driver's (driver.py) and the conversation's
 (conversation.py); what the ending means is the outcome's (outcome.py).
 """
@@ -43,62 +40,9 @@ __all__ = [
 ]
 
 
-async def execute(
-    backend: Backend, plan: ExecutionPlan, task_group: TaskGroup | None = None
-) -> ExecutionResult:
+async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
     """Run one program to a result on a fresh child (the handshake under the plan's wall
-    clock). A program's failure is data; this does not raise for it.
-
-    With ``task_group``, the execution runs in a task of that group, and on a backend that
-    allows it (``Launched.early_result_ok``) the result is returned once the program's
-    output and result are complete, before the child's teardown has finished (see
-    :class:`PreparedChild`); the group waits for that teardown."""
-    if task_group is None:
-        return await _execute(backend, plan)
-    cancel = plan.cancel if plan.cancel is not None else anyio.Event()
-    handoff = _Handoff()
-    task_group.start_soon(_execute_handing_back, backend, plan, cancel, handoff)
-    result = await handoff.wait(cancel)
-    assert result is not None  # (a cold execution always ends in a result)
-    return result
-
-
-async def _execute_handing_back(
-    backend: Backend, plan: ExecutionPlan, cancel: anyio.Event, handoff: _Handoff
-) -> None:
-    ended = False
-
-    async def relay_closing() -> None:
-        # The group's end (the Sandbox closing) cancels the execution, which then ends and is
-        # torn down like any cancelled one: never cut short, so nothing is left behind.
-        try:
-            await anyio.sleep_forever()
-        finally:
-            if not ended:
-                cancel.set()
-
-    try:
-        async with anyio.create_task_group() as closing:
-            closing.start_soon(relay_closing)
-            with anyio.CancelScope(shield=True):
-                try:
-                    planned = dataclasses.replace(plan, cancel=cancel)
-                    handoff.finish(await _execute(backend, planned, handoff.finish))
-                except Exception as exc:
-                    # A bug reaches the caller it concerns, not every execution in the group.
-                    handoff.finish(None, exc)
-                finally:
-                    ended = True
-                    closing.cancel_scope.cancel()
-    finally:
-        handoff.finish(None, RuntimeError("the execution ended without a result"))
-
-
-async def _execute(
-    backend: Backend,
-    plan: ExecutionPlan,
-    on_early_result: Callable[[ExecutionResult], None] | None = None,
-) -> ExecutionResult:
+    clock). A program's failure is data; this does not raise for it."""
     started = time.monotonic()
     mark("start")
     child: ChildDriver | None = None
@@ -112,7 +56,7 @@ async def _execute(
             else:
                 async with backend.launch(_launch_request(harness, plan.limits)) as launched:
                     child = ChildDriver(launched, harness)
-                    await child.run(plan, started, on_early_result)
+                    await child.run(plan, started)
                 mark("launch left")
         except BackendUnavailable as exc:
             backend_failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))
@@ -135,34 +79,6 @@ async def _execute(
     return result
 
 
-class _Handoff:
-    """A result (or the error instead of one) passed from the task that runs an execution to
-    the caller waiting for it; the first one given is kept."""
-
-    def __init__(self) -> None:
-        self._done = anyio.Event()
-        self._result: ExecutionResult | None = None
-        self._error: Exception | None = None
-
-    def finish(self, result: ExecutionResult | None, error: Exception | None = None) -> None:
-        if self._done.is_set():
-            return  # handed back early: the teardown's own ending changes nothing
-        self._result, self._error = result, error
-        self._done.set()
-        mark("result handed back")
-
-    async def wait(self, cancel: anyio.Event) -> ExecutionResult | None:
-        try:
-            await self._done.wait()
-        except BaseException:
-            # The caller went away: the execution must not outlive it.
-            cancel.set()
-            raise
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-
 class NotPrepared(Exception):
     """A child could not be taken to the graded state (the backend refused to start one, or
     the child died, lied or timed out before reporting). No program was given to it."""
@@ -174,8 +90,10 @@ class PreparedChild:
 
     def __init__(self) -> None:
         self._assigned = anyio.Event()
+        self._done = anyio.Event()
         self._plan: ExecutionPlan | None = None
-        self._handoff = _Handoff()
+        self._result: ExecutionResult | None = None
+        self._error: Exception | None = None
 
     async def serve(self, plan: ExecutionPlan) -> ExecutionResult | None:
         """Run ``plan`` on this child. None when the child was gone before it got the
@@ -186,7 +104,15 @@ class PreparedChild:
         cancel = plan.cancel if plan.cancel is not None else anyio.Event()
         self._plan = dataclasses.replace(plan, cancel=cancel)
         self._assigned.set()
-        return await self._handoff.wait(cancel)
+        try:
+            await self._done.wait()
+        except BaseException:
+            # The caller went away: the execution must not outlive it.
+            cancel.set()
+            raise
+        if self._error is not None:
+            raise self._error
+        return self._result
 
     async def _wait_for_plan(self, launched: Launched) -> ExecutionPlan | None:
         """The program, or None if the child exits first."""
@@ -205,7 +131,10 @@ class PreparedChild:
         return None if exited else self._plan
 
     def _finish(self, result: ExecutionResult | None, error: Exception | None = None) -> None:
-        self._handoff.finish(result, error)
+        if self._done.is_set():
+            return  # handed back early: the teardown's own ending changes nothing
+        self._result, self._error = result, error
+        self._done.set()
 
 
 async def prepare(

@@ -59,7 +59,7 @@ class WarmPool:
         child = self._ready.popleft() if self._ready else None
         if child is None:
             try:
-                return await execute(self._backend, plan, self._task_group)
+                return await execute(self._backend, plan)
             finally:
                 self.refill()
         try:
@@ -70,7 +70,7 @@ class WarmPool:
             self.refill()
         if result is None:
             # The child died between being taken and being given its program: run cold.
-            return await execute(self._backend, plan, self._task_group)
+            return await execute(self._backend, plan)
         return result
 
     async def _prepare_one(self) -> None:

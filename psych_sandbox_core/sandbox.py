@@ -241,10 +241,7 @@ class Sandbox:
             ),
         )
         pool = self._pool(loaded)
-        if pool is not None:
-            result = await pool.run(plan)
-        else:
-            result = await execute(loaded.backend, plan, self._task_group)
+        result = await pool.run(plan) if pool is not None else await execute(loaded.backend, plan)
         if self._forget_stale_choice(loaded, result):
             # The remembered backend no longer starts here, so the program did not run:
             # choose again with trials and run it, as if nothing had been remembered.
