@@ -41,7 +41,6 @@ from ..backend_kit import (
     BackendRegistrar,
     BackendUnavailable,
     ExecutionCgroup,
-    ExecutionIdentity,
     ExitStatus,
     InheritedSocketChannel,
     InterpreterOptions,
@@ -169,15 +168,14 @@ class SubprocessBackend(Backend):
             leased_identity(
                 self.identities, lease=self.drops_identity, fixed=self.fixed_identity
             ) as identity,
-            self._launch(request, identity) as launched,
+            self._launch(request, identity.ids, exclusive=identity.exclusive) as launched,
         ):
             yield launched
 
     @asynccontextmanager
     async def _launch(
-        self, request: LaunchRequest, execution: ExecutionIdentity
+        self, request: LaunchRequest, identity: tuple[int, int] | None, *, exclusive: bool
     ) -> AsyncIterator[Launched]:
-        identity, exclusive = execution.ids, execution.exclusive
         workspace = create_workspace(identity)
         channel = InheritedSocketChannel()
         process: ManagedProcess | None = None
@@ -260,11 +258,11 @@ class SubprocessBackend(Backend):
                     report.close()
                 await channel.aclose()
                 if cgroup is not None:
-                    # Stragglers in it (a daemon that left the group) are killed first. The
-                    # bootstrap joined it before anything forked, and no process of the
-                    # program can leave it: its removal proves the tree gone, which spares
-                    # the lease's sweep its scan of the host's processes.
-                    execution.proven_empty(await cgroup.remove())
+                    # Stragglers in it (a daemon that left the group) are killed first. Its
+                    # removal is no proof for the lease: with no filesystem boundary a program
+                    # can have a process started under its uid outside the cgroup (through a
+                    # host service it reaches), which only the sweep's scan finds.
+                    await cgroup.remove()
                 # In a worker thread: a program can leave hundreds of thousands of files, and
                 # the event loop serves every other execution's clock meanwhile.
                 await anyio.to_thread.run_sync(remove_tree, workspace)
