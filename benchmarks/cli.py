@@ -11,7 +11,10 @@ is the median of N runs of a fresh process; it prints:
   remembered (a trial execution first; a fresh state directory each time);
 - each ratio to `python -c pass` next to its target (`--help` under 3x, `run` under 6x);
 - what importing the package costs (`import psych_sandbox_core`, and the modules `run`
-  needs, `import psych_sandbox_core.sandbox`), minus the floor.
+  needs, `import psych_sandbox_core.sandbox`), minus the floor;
+- beside each, the CPU time the command and its children used (user + system), which other
+  work on the machine inflates far less than wall time: a ratio of CPU times to the floor's
+  says what the command costs when the machine is shared.
 
 Bytecode is written on the first (unmeasured) run of each command, as an installed package
 has it. The remembered choice lives in a temporary state directory, removed at the end.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,7 +49,14 @@ def command() -> list[str]:
     return [sys.executable, "-m", "psych_sandbox_core"]
 
 
-def time_once(argv: Sequence[str], env: dict[str, str], expect: int = 0) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_once(argv: Sequence[str], env: dict[str, str], expect: int = 0) -> tuple[float, float]:
+    """Wall time and CPU time (the command and every child it waited for) of one run."""
+    cpu = _children_cpu()
     started = time.perf_counter()
     completed = subprocess.run(
         list(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
@@ -53,7 +64,7 @@ def time_once(argv: Sequence[str], env: dict[str, str], expect: int = 0) -> floa
     elapsed = time.perf_counter() - started
     if completed.returncode != expect:
         raise RuntimeError(f"{' '.join(argv)}: exit {completed.returncode}: {completed.stderr!r}")
-    return elapsed
+    return elapsed, _children_cpu() - cpu
 
 
 def main() -> None:
@@ -99,20 +110,24 @@ def main() -> None:
                 available[name] = (argv, make_env)
             except RuntimeError as exc:
                 print(f"{name}: not available here ({str(exc)[-200:]})")
-        samples: dict[str, list[float]] = {name: [] for name in available}
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in available}
         for _ in range(args.runs):
             for name, (argv, make_env) in available.items():
                 samples[name].append(time_once(argv, make_env()))
     finally:
         shutil.rmtree(state, ignore_errors=True)
 
-    median = {name: statistics.median(times) for name, times in samples.items()}
-    floor = median["python -c pass"]
-    print(f"floor `{python} -c pass`     median {floor * 1e3:7.2f} ms")
+    median = {name: statistics.median(w for w, _ in runs) for name, runs in samples.items()}
+    cpu = {name: statistics.median(c for _, c in runs) for name, runs in samples.items()}
+    floor, floor_cpu = median["python -c pass"], cpu["python -c pass"]
+    print(f"floor `{python} -c pass`     median {floor * 1e3:7.2f} ms (cpu {floor_cpu * 1e3:.1f})")
     print(f"floor `python -I -c pass`   median {median['python -I -c pass'] * 1e3:7.2f} ms")
     for name in ("import psych_sandbox_core", "import psych_sandbox_core.sandbox"):
         cost = median[name] - floor
-        print(f"{name:<35} {cost * 1e3:7.2f} ms above the floor ({median[name] / floor:5.2f}x)")
+        print(
+            f"{name:<35} {cost * 1e3:7.2f} ms above the floor ({median[name] / floor:5.2f}x; "
+            f"cpu {(cpu[name] - floor_cpu) * 1e3:.1f} ms above, {cpu[name] / floor_cpu:5.2f}x)"
+        )
     for name, value in median.items():
         if name.startswith(("python", "import")):
             continue
@@ -121,7 +136,8 @@ def main() -> None:
         verdict = "met" if ratio < target else "NOT met"
         print(
             f"psych-sandbox {name:<35} median {value * 1e3:7.2f} ms   ratio {ratio:5.2f}x"
-            f"   target < {target:g}x: {verdict}"
+            f"   target < {target:g}x: {verdict}   (cpu {cpu[name] * 1e3:.1f} ms, "
+            f"{cpu[name] / floor_cpu:5.2f}x)"
         )
 
 

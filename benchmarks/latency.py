@@ -6,15 +6,20 @@ For each available backend it prints:
 
 - cold: every execution launches its child from nothing;
 - warm: a profile with `warm = 1`, at low load (each execution starts once the next child is
-  ready, waited for, not guessed) — each child still runs exactly one program;
+  ready, waited for, not guessed, and has then been idle for `--idle` seconds, as between
+  requests that do not arrive back to back: an idle child imports what an awaiting program
+  needs) — each child still runs exactly one program;
 - sustained: the same warm profile driven back to back, as executions per second;
 - where a backend names one (`bare_command()`), the bare equivalent of its own start-up
   (e.g. `docker run` of the same image) measured in the same run;
 - the same, cold and warm, for a program that awaits (`await asyncio.sleep(0)`) and for a
   code-mode program (20 no-op binding calls under `asyncio.gather`), each also as a ratio to
-  the program that does not await.
+  the program that does not await;
+- where a cold execution's time goes: the median time between consecutive points the host
+  reached (psych_sandbox_core.phases: timestamps taken in the host as it reaches each point,
+  not estimates), and how much of it comes after the child's result frame.
 
-    python benchmarks/latency.py [--runs N] [--backend ID ...]
+    python benchmarks/latency.py [--runs N] [--backend ID ...] [--idle SECONDS]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Sequence
 import anyio
 
 from psych_sandbox_core import DeploymentConfig, FunctionBindings, ProfileConfig, Sandbox
+from psych_sandbox_core.phases import Marks, recording
 from psych_sandbox_core.registry import BackendRegistry
 from psych_sandbox_core.trials import trial
 
@@ -50,6 +56,27 @@ async def noop() -> None:
 
 BINDINGS = FunctionBindings({"noop": noop})
 
+#: What the time up to each point the host reaches was spent on (a point a backend does not
+#: reach is left out; the time until the next one it does reach includes that work).
+PHASES = {
+    "probe targets": "probes: canary file and loopback listeners made",
+    "identity leased": "identity: a uid leased",
+    "cgroup made": "cgroup: made, capped, opened for joining",
+    "spawned": "spawn (launcher started; docker: container created and started)",
+    "namespace reported": "child: interpreter start, containment, pid namespace's init",
+    "connected": "child: (namespaces,) interpreter start, bootstrap, to its channel",
+    "hello": "handshake: child's probes, report read, graded",
+    "run sent": "run frame sent",
+    "result frame": "program, to its result frame",
+    "exited": "child's exit seen",
+    "reaped": "teardown: killed, reaped, usage read",
+    "streams drained": "teardown: output streams read to their end",
+    "identity retired": "teardown: backend clean-up, uid swept and given back",
+    "launch left": "teardown: backend clean-up",
+    "probe targets removed": "teardown: probe targets removed",
+    "result": "result: classified, output preserved, assembled",
+}
+
 
 def time_command(argv: Sequence[str]) -> float:
     started = time.perf_counter()
@@ -57,16 +84,21 @@ def time_command(argv: Sequence[str]) -> float:
     return time.perf_counter() - started
 
 
-async def time_run(sandbox: Sandbox, profile: str, program: str = PROGRAM) -> float:
+async def time_run(
+    sandbox: Sandbox, profile: str, program: str = PROGRAM, marks: list[Marks] | None = None
+) -> float:
     started = time.perf_counter()
-    result = await sandbox.run(program, profile=profile, bindings=BINDINGS)
+    with recording() as reached:
+        result = await sandbox.run(program, profile=profile, bindings=BINDINGS)
     elapsed = time.perf_counter() - started
+    if marks is not None:
+        marks.append(reached)
     if result.error is not None or result.stdout != "4\n":
         raise SystemExit(f"{profile}: unexpected result {result.error}")
     return elapsed
 
 
-async def measure(backend_id: str, runs: int) -> None:
+async def measure(backend_id: str, runs: int, idle: float) -> None:
     config = DeploymentConfig(
         profiles={
             "cold": ProfileConfig(backend=backend_id),
@@ -81,15 +113,18 @@ async def measure(backend_id: str, runs: int) -> None:
         await time_run(sandbox, "cold")
         await time_run(sandbox, "warm")
         floor, cold, warm, bare = [], [], [], []
+        cold_marks: list[Marks] = []
         awaiting: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in AWAITING}
         for _ in range(runs):
             floor.append(time_command(floor_argv))
-            cold.append(await time_run(sandbox, "cold"))
-            await sandbox.warmed("warm")  # low load: the next child is ready
+            cold.append(await time_run(sandbox, "cold", marks=cold_marks))
+            await sandbox.warmed("warm")  # low load: the next child is ready, and idle
+            await anyio.sleep(idle)
             warm.append(await time_run(sandbox, "warm"))
             for name, program in AWAITING.items():
                 awaiting[name][0].append(await time_run(sandbox, "cold", program))
                 await sandbox.warmed("warm")
+                await anyio.sleep(idle)
                 awaiting[name][1].append(await time_run(sandbox, "warm", program))
             if bare_command is not None:
                 bare.append(time_command(bare_command()))
@@ -102,7 +137,10 @@ async def measure(backend_id: str, runs: int) -> None:
     w = statistics.median(warm)
     print(f"{backend_id}: floor `{' '.join(floor_argv[:1])} -I -c pass` median {f * 1e3:.2f} ms")
     print(f"{backend_id}:   cold       median {c * 1e3:7.2f} ms   ratio {c / f:5.2f}x")
-    print(f"{backend_id}:   warm       median {w * 1e3:7.2f} ms   ratio {w / f:5.2f}x (low load)")
+    print(
+        f"{backend_id}:   warm       median {w * 1e3:7.2f} ms   ratio {w / f:5.2f}x "
+        f"(low load: ready, then idle {idle:g} s)"
+    )
     print(f"{backend_id}:   sustained  {rate:7.1f} executions/s back to back (warm = 1)")
     for name, (cold_times, warm_times) in awaiting.items():
         ac, aw = statistics.median(cold_times), statistics.median(warm_times)
@@ -114,12 +152,37 @@ async def measure(backend_id: str, runs: int) -> None:
     if bare:
         b = statistics.median(bare)
         print(f"{backend_id}:   bare equivalent start-up median {b * 1e3:7.2f} ms ({b / f:5.2f}x)")
+    print_breakdown(backend_id, cold_marks, f)
+
+
+def print_breakdown(backend_id: str, runs: list[Marks], floor: float) -> None:
+    """The median time to each point from the one before it, over the runs that reached
+    the same points in the same order (the most common sequence)."""
+    sequences = [tuple(point for point, _ in marks) for marks in runs]
+    common = max(set(sequences), key=sequences.count)
+    kept = [marks for marks, sequence in zip(runs, sequences, strict=True) if sequence == common]
+    print(f"{backend_id}:   where a cold execution's time goes (median of {len(kept)} runs):")
+    total = after = 0.0
+    for i in range(1, len(common)):
+        step = statistics.median(marks[i][1] - marks[i - 1][1] for marks in kept)
+        total += step
+        if "result frame" in common[:i]:
+            after += step
+        label = PHASES.get(common[i], common[i])
+        print(f"{backend_id}:     {step * 1e3:7.2f} ms ({step / floor:5.2f}x floor)  {label}")
+    print(
+        f"{backend_id}:     {total * 1e3:7.2f} ms in all, {after * 1e3:.2f} ms of it after the "
+        f"result frame (the caller waits for it)"
+    )
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--backend", action="append", default=None)
+    parser.add_argument(
+        "--idle", type=float, default=0.25, help="seconds a warm child idles before its program"
+    )
     args = parser.parse_args()
     registry = BackendRegistry()
     for backend_id in args.backend or registry.ids():
@@ -127,7 +190,7 @@ async def main() -> None:
         if reason is not None:
             print(f"{backend_id}: not available here ({reason})")
             continue
-        await measure(backend_id, args.runs)
+        await measure(backend_id, args.runs, args.idle)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ What is here:
   for its host process, :func:`owner_tag`), :func:`reap_owned_directories`, and telling a live
   host process from a dead one whose pid was reused (:func:`owner_of`, :func:`host_alive`,
   :func:`start_time`);
+* saying where a launch's time goes: :func:`mark` (a point reached, for benchmarks: free
+  unless a caller records; the kit's helpers mark their own points, such as ``spawned``);
 * registering: :func:`hookimpl` and :class:`BackendRegistrar`;
 * relaying a child that runs elsewhere (a remote service): :func:`bootstrap_source`,
   :class:`ProbeHarness` (the canary and listeners an execution is judged by, where the child
@@ -84,6 +86,7 @@ from .interpreter import (
     resolve_environment,
     resolve_interpreter,
 )
+from .phases import mark
 from .probe_harness import ProbeHarness
 from .process import ExitStatus, ManagedProcess
 from .protocol import (
@@ -173,6 +176,7 @@ __all__ = [
     "leased_identity",
     "level_at_least",
     "make_owned_directory",
+    "mark",
     "owner_of",
     "owner_tag",
     "read_some",

@@ -452,23 +452,26 @@ def _interfaces_up():
         names = [name for _, name in _socket.if_nameindex()]
     except OSError:
         return []
+    # Only a namespace with more than loopback is asked further (an isolated one has only
+    # "lo"), so the usual child imports nothing for this probe.
+    names = [name for name in names if name != "lo" and not name.startswith("lo0")]
+    if not names:
+        return []
     up = []
     probe_socket = None
     try:
         if sys.platform.startswith("linux"):
             import fcntl
-            import struct
 
             probe_socket = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
         for name in names:
-            if name == "lo" or name.startswith("lo0"):
-                continue
             flags = 0x1  # elsewhere, an interface that exists counts as up: the safe side
             if probe_socket is not None:
                 try:
-                    request = struct.pack("16sH14x", name.encode()[:15], 0)
+                    # struct ifreq: the name in 16 bytes, then the flags (a short), padded.
+                    request = name.encode()[:15].ljust(16, b"\0") + bytes(16)
                     answer = fcntl.ioctl(probe_socket.fileno(), 0x8913, request)  # SIOCGIFFLAGS
-                    flags = struct.unpack("16sH14x", answer)[1]
+                    flags = int.from_bytes(answer[16:18], sys.byteorder)
                 except OSError:
                     flags = 0x1
             if flags & 0x1:  # IFF_UP

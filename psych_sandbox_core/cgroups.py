@@ -34,6 +34,7 @@ import anyio
 from psych_sandbox_core.cgroupfs import Hierarchy, hierarchies
 
 from .identity import EmptyCgroup, remove_execution_cgroup
+from .phases import mark
 from .temp_dirs import host_alive, owner_of, owner_tag
 
 #: Per-execution cgroups are named ``<PREFIX><backend>-<host pid>-<random>``, so a later host
@@ -347,6 +348,7 @@ async def prepared(
     except OSError:
         await cgroup.remove()
         return None
+    mark("cgroup made")
     return cgroup
 
 

@@ -32,6 +32,7 @@ from .conversation import (
 from .errors import ProtocolViolation
 from .grading import Mechanisms
 from .link import FrameLink, open_link
+from .phases import mark
 from .protocol.codec import decode_value_json
 
 
@@ -71,6 +72,7 @@ class LinkedConversation:
         conversation = self.conversation
         try:
             await self.perform(conversation.start(terms))
+            mark("run sent")
             if not conversation.listening:
                 return False
             assert self._link is not None

@@ -31,6 +31,7 @@ from .early_result import (
 from .ending import Ending, conclude_ending
 from .outcome import Happened, refusal_of
 from .output import StreamCapture
+from .phases import mark
 from .plan import ExecutionPlan
 from .preservation import artifact_collector, collect_artifacts
 from .probe_harness import ProbeHarness
@@ -86,6 +87,7 @@ class ChildDriver:
         try:
             with anyio.fail_after(HANDSHAKE_SECONDS):
                 await talk.connect(self._launched.channel)
+            mark("connected")
         except TimeoutError:
             raise StartupFailed(
                 f"the sandboxed interpreter did not connect within {HANDSHAKE_SECONDS:g} s"
@@ -102,6 +104,7 @@ class ChildDriver:
             await talk.close()
             raise
         await talk.perform(actions)
+        mark("hello")
 
     async def close_link(self) -> None:
         await self._talk.close()
@@ -181,6 +184,7 @@ class ChildDriver:
                                 await launched.wait_exited()
                         else:
                             await launched.wait_exited()
+                            mark("exited")
                 if wall.cancelled_caught:
                     self.timed_out = not self.cancelled
                     await launched.terminate(plan.limits.grace_seconds)
@@ -189,6 +193,7 @@ class ChildDriver:
             finally:
                 with anyio.CancelScope(shield=True):
                     status = await launched.finish()
+                    mark("reaped")
                     if status.tree_ended is False:
                         self.conversation.tree_not_seen_ended()
                     # Every process is gone; what they wrote is flushed. Bound the wait
@@ -197,6 +202,7 @@ class ChildDriver:
                         for event in drained:
                             await event.wait()
                         await self._talk.nothing_after_result()
+                    mark("streams drained")
                     self._stdout.passed_unseen(*launched.unrelayed("stdout"))
                     self._stderr.passed_unseen(*launched.unrelayed("stderr"))
                     drains.cancel_scope.cancel()
@@ -213,7 +219,9 @@ class ChildDriver:
             if self._harness.connections:
                 conversation.network_reached()
             terms, calls = self._terms(plan, end_marker)
-            if await self._talk.program(terms, calls):
+            cpu_spent = await self._talk.program(terms, calls)
+            mark("result frame")
+            if cpu_spent:
                 raise _CpuSpentWithHost()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             conversation.receive(None)  # the child went away; its exit status says how

@@ -25,6 +25,7 @@ from .ending import Ending, conclude_ending
 from .errors import ErrorKind
 from .outcome import Happened
 from .output import StreamCapture
+from .phases import mark
 from .plan import ExecutionPlan
 from .probe_harness import ProbeHarness
 from .result import ExecutionFailure, ExecutionResult
@@ -44,10 +45,12 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
     """Run one program to a result on a fresh child (the handshake under the plan's wall
     clock). A program's failure is data; this does not raise for it."""
     started = time.monotonic()
+    mark("start")
     child: ChildDriver | None = None
     cancelled = False
     backend_failure: ExecutionFailure | None = None
     async with ProbeHarness().active() as harness:
+        mark("probe targets")
         try:
             if plan.cancel is not None and plan.cancel.is_set():
                 cancelled = True
@@ -55,10 +58,12 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
                 async with backend.launch(_launch_request(harness, plan.limits)) as launched:
                     child = ChildDriver(launched, harness)
                     await child.run(plan, started)
+                mark("launch left")
         except BackendUnavailable as exc:
             backend_failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))
         if child is not None:
             child.account_connections()
+    mark("probe targets removed")
     if child is None:
         happened = Happened(
             plan,
@@ -70,7 +75,9 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
         stdout = StreamCapture(plan.limits.stdout_bytes)
         stderr = StreamCapture(plan.limits.stderr_bytes)
         return await conclude_ending(Ending(happened, stdout, stderr))
-    return await child.conclude(plan, started, backend_failure)
+    result = await child.conclude(plan, started, backend_failure)
+    mark("result")
+    return result
 
 
 class NotPrepared(Exception):

@@ -44,6 +44,7 @@ from pydantic import Field
 
 from .backend import BackendOptions, BackendUnavailable
 from .errors import ConfigurationError
+from .phases import mark
 from .sweep import sweep
 
 if sys.platform != "win32":  # POSIX identities; the module must still import on Windows
@@ -211,10 +212,12 @@ async def leased_identity(
         return
     held = await identities.lease_for_execution()
     identity = ExecutionIdentity((held.uid, held.gid), exclusive=True)
+    mark("identity leased")
     try:
         yield identity
     finally:
         await held.retire(identity._proof)
+        mark("identity retired")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-from anyio.abc import Listener, SocketStream
+from anyio.abc import Listener, SocketListener, SocketStream
 
 from .backend import ProbeTargets
 from .temp_dirs import CANARY_PREFIX, make_owned_directory
@@ -24,7 +24,7 @@ class ProbeHarness:
     def __init__(self) -> None:
         self.connections = 0
         self._dir: str | None = None
-        self._listeners: list[Listener[SocketStream]] = []
+        self._listeners: list[SocketListener] = []
         self.targets: ProbeTargets | None = None
 
     @asynccontextmanager
@@ -41,11 +41,7 @@ class ProbeHarness:
             async with anyio.create_task_group() as tg:
                 for family, host in (("4", "127.0.0.1"), ("6", "::1")):
                     try:
-                        listener: Listener[SocketStream] = await anyio.create_tcp_listener(
-                            local_host=host,
-                            local_port=0,
-                            family=(socket.AF_INET if family == "4" else socket.AF_INET6),
-                        )
+                        listener = await _loopback_listener(family, host)
                     except OSError:
                         continue  # no such address family on this host: nothing to reach
                     self._listeners.append(listener)
@@ -74,3 +70,19 @@ class ProbeHarness:
             await listener.serve(on_connection)
         except anyio.ClosedResourceError:
             return
+
+
+async def _loopback_listener(family: str, host: str) -> SocketListener:
+    """A listener on ``host`` (a literal loopback address), any free port. Made directly:
+    anyio's create_tcp_listener resolves even a literal address in a worker thread, a
+    thread hop on the path of every execution."""
+    sock = socket.socket(socket.AF_INET if family == "4" else socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        if family == "6":
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, 0))
+        sock.listen()
+    except BaseException:
+        sock.close()
+        raise
+    return await SocketListener.from_socket(sock)

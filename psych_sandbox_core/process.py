@@ -21,6 +21,7 @@ import anyio
 from anyio.abc import SocketStream
 
 from .errors import ErrorKind
+from .phases import mark
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class ManagedProcess:
             err_child.close()
             if in_child is not None:
                 in_child.close()
+        mark("spawned")
         # The child never writes to these directions; shutting them makes intent explicit.
         out_host.shutdown(socket.SHUT_WR)
         err_host.shutdown(socket.SHUT_WR)

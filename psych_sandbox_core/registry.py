@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.metadata
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import importlib_metadata
 import pluggy
 from pydantic import ValidationError
 
-from . import hookspecs
+from . import __version__, hookspecs
 from .backend import Backend
 from .errors import ConfigurationError, UnknownBackendError
 
+if TYPE_CHECKING:
+    import importlib_metadata
+
 ENTRY_POINT_GROUP = "psych_sandbox"
+#: The plugins the core ships (as entry points of its own distribution, like any plugin):
+#: asked for by name, each is registered from the core directly, with the core's own
+#: distribution and version, sparing a scan of every installed distribution's metadata.
+CORE_PLUGINS = {"subprocess": "psych_sandbox_core.backends.subprocess"}
+CORE_DISTRIBUTION = "psych-sandbox-core"
 
 #: Where to get a backend nobody has installed, for the error message.
 KNOWN_DISTRIBUTIONS = {
@@ -53,6 +62,23 @@ class _Registrar:
         )
 
 
+def _name_and_version(dist: Any) -> tuple[str, str]:
+    """A distribution's name and version from the head of its metadata file, where they are
+    plain ``Name:`` and ``Version:`` lines: reading them through ``dist.metadata`` would parse
+    the whole file with the email package, whose import alone costs a command's start-up
+    several milliseconds. Anything unexpected takes that way."""
+    found: dict[str, str] = {}
+    for line in (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").splitlines():
+        if not line.strip():
+            break  # the headers end here
+        key, _, value = line.partition(":")
+        if key in ("Name", "Version") and key not in found:
+            found[key] = value.strip()
+    if found.get("Name") and found.get("Version"):
+        return found["Name"], found["Version"]
+    return dist.project_name, dist.version
+
+
 class BackendRegistry:
     """Backends registered through the hook, each with the distribution that served it.
 
@@ -89,6 +115,10 @@ class BackendRegistry:
             backend_id is not None and self._manager.has_plugin(backend_id)
         ):
             return
+        if backend_id in CORE_PLUGINS:
+            plugin = importlib.import_module(CORE_PLUGINS[backend_id])
+            self.register_plugin(plugin, backend_id, CORE_DISTRIBUTION, __version__)
+            return
         try:
             self._manager.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=backend_id)
         except Exception as exc:
@@ -119,7 +149,7 @@ class BackendRegistry:
         registrar bound to the distribution pluggy (or the caller) recorded for it."""
         self._manager.check_pending()
         loaded = {
-            id(plugin): (dist.project_name, dist.version)
+            id(plugin): _name_and_version(dist)
             for plugin, dist in self._manager.list_plugin_distinfo()
         }
         for name, plugin in self._manager.list_name_plugin():
@@ -136,6 +166,8 @@ class BackendRegistry:
         """The ``psych_sandbox`` entry points installed here, none of them loaded. Read once
         per registry: scanning every distribution's metadata is a cost worth paying once."""
         if self._entry_points is None:
+            import importlib_metadata  # (only here: running a program never needs it)
+
             self._entry_points = list(importlib_metadata.entry_points(group=ENTRY_POINT_GROUP))
         return self._entry_points
 

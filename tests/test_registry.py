@@ -58,6 +58,25 @@ def test_an_installed_plugin_is_attributed_to_its_distribution(site: Path) -> No
     assert builtin.cls is SubprocessBackend and builtin.distribution == "psych-sandbox-core"
 
 
+def test_the_cores_own_backend_loads_without_reading_any_distribution(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.metadata
+
+    import psych_sandbox_core
+
+    def unread(*args: object, **kwargs: object) -> Any:
+        raise AssertionError("installed distributions were scanned")
+
+    monkeypatch.setattr(importlib.metadata, "distributions", unread)
+    registered = BackendRegistry().get("subprocess")
+    assert registered.cls is SubprocessBackend
+    assert (registered.distribution, registered.version) == (
+        "psych-sandbox-core",
+        psych_sandbox_core.__version__,
+    )
+
+
 def test_a_backend_id_loads_only_its_own_entry_point(site: Path) -> None:
     _plugin_module(site, "psych_pin_plugin_b", "PinB", "pin_b")
     # Named for another backend, and broken: loading pin_b must never touch it.

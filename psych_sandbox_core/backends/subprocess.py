@@ -58,6 +58,7 @@ from ..backend_kit import (
     hookimpl,
     host_is_root,
     leased_identity,
+    mark,
     remove_tree,
     resolve_environment,
     resolve_interpreter,
@@ -229,6 +230,7 @@ class SubprocessBackend(Backend):
                 # was handed over by the bootstrap alone.
                 try:
                     namespace = await PidNamespace.receive(report, INIT_REPORT_SECONDS)
+                    mark("namespace reported")
                 except TimeoutError:
                     raise BackendUnavailable(
                         f"the bootstrap did not report its pid namespace within "
@@ -258,7 +260,10 @@ class SubprocessBackend(Backend):
                     report.close()
                 await channel.aclose()
                 if cgroup is not None:
-                    # Stragglers in it (a daemon that left the group) are killed first.
+                    # Stragglers in it (a daemon that left the group) are killed first. Its
+                    # removal is no proof for the lease: with no filesystem boundary a program
+                    # can have a process started under its uid outside the cgroup (through a
+                    # host service it reaches), which only the sweep's scan finds.
                     await cgroup.remove()
                 # In a worker thread: a program can leave hundreds of thousands of files, and
                 # the event loop serves every other execution's clock meanwhile.

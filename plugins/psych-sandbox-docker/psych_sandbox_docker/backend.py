@@ -53,6 +53,7 @@ from psych_sandbox_core.backend_kit import (
     host_is_root,
     leased_identity,
     make_owned_directory,
+    mark,
     remove_tree,
     wait_started,
 )
@@ -391,6 +392,7 @@ class DockerBackend(Backend):
                 cgroup_name=cgroup_name if measured else None,
             )
             await container.start(body)
+            mark("spawned")
             await container.started()
             yield container
         finally:
