@@ -310,8 +310,17 @@ async def assert_nothing_left(
             check()
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
-@pytest.mark.parametrize("ending", ["returns", "times_out", "is_cancelled"])
+@pytest.mark.parametrize(
+    ("anyio_backend", "ending"),
+    [
+        (loop, ending)
+        for ending in ("returns", "times_out", "is_cancelled")
+        for loop in ("asyncio", "trio")
+        # The wall clock's teardown is the one that waits 8 s; it is the same code on either
+        # loop (the other endings show both loops tear down alike).
+        if not (ending == "times_out" and loop == "trio")
+    ],
+)
 async def test_nothing_outlives_a_program_that_tries_to_survive_teardown(ending: str) -> None:
     marks = {name: marker() for name in SURVIVORS}
     # Long enough for everything to start on a loaded machine; only the timeout waits it out.
