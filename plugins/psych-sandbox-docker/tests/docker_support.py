@@ -3,9 +3,12 @@ the host side."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import subprocess
+import tempfile
 from typing import Any
 
 import pytest
@@ -55,15 +58,19 @@ def engine_problem() -> tuple[str, str] | None:
 
 
 def ensure_image() -> str | None:
-    """Build the local image when it is absent; why it could not be, or None."""
-    present = subprocess.run(
-        ["docker", "image", "inspect", DEFAULT_TAG], capture_output=True, check=False
-    )
-    if present.returncode != 0:
-        try:
-            build_local_image(DEFAULT_TAG)
-        except Exception as exc:  # any failure of the build is reported, not raised
-            return f"the image {DEFAULT_TAG} is absent and could not be built: {exc}"
+    """Build the local image when it is absent; why it could not be, or None. The suite's
+    workers ask at once on a fresh machine: one builds, the others wait for it."""
+    lock_path = os.path.join(tempfile.gettempdir(), "psych-sandbox-test-image.lock")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        present = subprocess.run(
+            ["docker", "image", "inspect", DEFAULT_TAG], capture_output=True, check=False
+        )
+        if present.returncode != 0:
+            try:
+                build_local_image(DEFAULT_TAG)
+            except Exception as exc:  # any failure of the build is reported, not raised
+                return f"the image {DEFAULT_TAG} is absent and could not be built: {exc}"
     return None
 
 
