@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
 import subprocess
-import tempfile
 from typing import Any
 
 import pytest
@@ -60,8 +58,8 @@ def engine_problem() -> tuple[str, str] | None:
 def ensure_image() -> str | None:
     """Build the local image when it is absent; why it could not be, or None. The suite's
     workers ask at once on a fresh machine: one builds, the others wait for it."""
-    lock_path = os.path.join(tempfile.gettempdir(), "psych-sandbox-test-image.lock")
-    with open(lock_path, "a") as lock:
+    # Locked on this very file, which every worker has and nothing must clean up after.
+    with open(__file__, "rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         present = subprocess.run(
             ["docker", "image", "inspect", DEFAULT_TAG], capture_output=True, check=False
