@@ -14,10 +14,6 @@ from .errors import InvalidRequestError
 from .protocol.frames import CommandSpec
 from .protocol.limits import MAX_COMMAND_ARGS, MAX_COMMAND_CHARS
 
-#: The shell a shell-form command runs under, as ``SHELL -c COMMAND``: POSIX sh, present in
-#: every image and root file system a backend offers.
-SHELL = "/bin/sh"
-
 
 def command_spec(command: str | Sequence[str], *, shell: bool = False) -> CommandSpec:
     """The run frame's form of ``command``: an argument vector run without a shell, or, only

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -437,6 +437,23 @@ class BackendConformance:
         if problem is not None:
             pytest.fail(f"the backend {self.backend!r} left this behind: {problem}")
 
+    async def _watching(
+        self, mark: str, execution: Awaitable[ExecutionResult]
+    ) -> tuple[ExecutionResult, list[int]]:
+        """Run ``execution`` while the host watches for processes carrying ``mark`` (where
+        this backend's are visible from the host); its result, and the pids seen meanwhile."""
+        seen: list[int] = []
+
+        async def watch() -> None:
+            if self.processes_visible:
+                seen.extend(await wait_for_pids(mark))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            result = await execution
+            tg.cancel_scope.cancel()
+        return result, seen
+
     def _nothing_left(self, mark: str) -> None:
         if self.processes_visible:
             assert pids_with(mark) == [], "a process of the program outlived its sandbox"
@@ -576,20 +593,14 @@ class BackendConformance:
     @pytest.mark.anyio
     async def test_wall_clock_timeout_and_nothing_left(self) -> None:
         mark = marker()
-        seen: list[int] = []
-
-        async def watch() -> None:
-            if self.processes_visible:
-                seen.extend(await wait_for_pids(mark))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
-            result = await self.run(
+        result, seen = await self._watching(
+            mark,
+            self.run(
                 DAEMON.format(mark=mark) + "while True:\n    time.sleep(1)\n",
                 wall_seconds=1.0,
                 grace_seconds=0.2,
-            )
-            tg.cancel_scope.cancel()
+            ),
+        )
         assert result.error is not None
         assert result.error.kind is ErrorKind.TIMEOUT, result.error
         assert "wall-clock" in result.error.message
@@ -645,20 +656,14 @@ class BackendConformance:
     async def test_a_command_past_its_wall_clock_is_killed_with_its_whole_tree(self) -> None:
         python = await self.child_python()
         mark = marker()
-        seen: list[int] = []
-
-        async def watch() -> None:
-            if self.processes_visible:
-                seen.extend(await wait_for_pids(mark))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
-            result = await self.exec(
+        result, seen = await self._watching(
+            mark,
+            self.exec(
                 [python, "-c", DAEMON.format(mark=mark) + "while True:\n    time.sleep(1)\n"],
                 wall_seconds=1.0,
                 grace_seconds=0.2,
-            )
-            tg.cancel_scope.cancel()
+            ),
+        )
         assert result.error is not None
         assert result.error.kind is ErrorKind.TIMEOUT, result.error
         assert result.exit_status is None
