@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .grading import Grade, Guarantee, Level, level_of
     from .narrowing import ExecutionRequest, TenantPolicy
     from .output import OutputPolicy
+    from .pool import WarmStatus
     from .profiles import DeploymentConfig, ProfileConfig
     from .provider_shapes import (
         anthropic_tool_result,
@@ -103,6 +104,7 @@ _PUBLIC = {
     "Cancellation": "sync_sandbox",
     "SyncSandbox": "sync_sandbox",
     "ExecutionLimits": "terms",
+    "WarmStatus": "pool",
 }
 
 __all__ = [
@@ -144,6 +146,7 @@ __all__ = [
     "ToolSpec",
     "UnknownBackendError",
     "UnknownProfileError",
+    "WarmStatus",
     "__version__",
     "anthropic_tool_result",
     "describe_tools",

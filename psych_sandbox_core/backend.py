@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from anyio.abc import ByteReceiveStream
 from pydantic import BaseModel, ConfigDict
@@ -19,6 +19,9 @@ from .channel import ChannelListener
 from .grading import Level, Mechanisms
 from .process import ExitStatus, ManagedProcess
 from .terms import ExecutionLimits
+
+if TYPE_CHECKING:
+    from .cgroups import ExecutionCgroup
 
 
 class BackendUnavailable(Exception):
@@ -97,6 +100,12 @@ class Launched(ABC):
         alive; None when this backend can only measure after teardown."""
         return None
 
+    def memory_bytes_now(self) -> int | None:
+        """The memory the child holds now, as the host measures it (its cgroup's count), or
+        None where this backend cannot measure it; a warm pool counts it against its
+        budget."""
+        return None
+
     def connections_elsewhere(self) -> int:
         """Connections to this execution's probe listeners that the backend saw where the
         child runs (a relayed child's service has listeners of its own), asked after
@@ -131,15 +140,30 @@ class ProcessLaunched(Launched, Generic[Channel]):
     streams are the process's, and it has exited when the process has. A subclass adds its
     teardown (``terminate`` and ``finish``)."""
 
-    def __init__(self, process: ManagedProcess, channel: Channel, mechanisms: Mechanisms) -> None:
+    def __init__(
+        self,
+        process: ManagedProcess,
+        channel: Channel,
+        mechanisms: Mechanisms,
+        cgroup: ExecutionCgroup | None = None,
+    ) -> None:
         self.process = process
         self.channel: Channel = channel
         self.mechanisms = mechanisms
         self.stdout = process.stdout
         self.stderr = process.stderr
+        #: The execution's own cgroup, where the host could make one: usage and memory are
+        #: read from it while the child lives.
+        self.cgroup = cgroup
 
     async def wait_exited(self) -> None:
         await self.process.wait_exited()
+
+    def usage_so_far(self) -> tuple[float | None, int | None] | None:
+        return None if self.cgroup is None else self.cgroup.usage()
+
+    def memory_bytes_now(self) -> int | None:
+        return None if self.cgroup is None else self.cgroup.memory_now()
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,15 @@ class ExecutionCgroup:
         except (OSError, ValueError, KeyError):
             return None, None
 
+    def memory_now(self) -> int | None:
+        """The memory charged to the cgroup now (None: not readable here)."""
+        try:
+            if self.host.version == 1:
+                return int(_read(self.dirs["memory"] / "memory.usage_in_bytes"))
+            return int(_read(self.dirs["unified"] / "memory.current"))
+        except (OSError, ValueError, KeyError):
+            return None
+
     async def final_usage(self) -> tuple[float | None, int | None]:
         """CPU seconds and peak memory once nothing is left to run in the cgroup (stragglers
         are killed first, shielded); (None, None) when it could not be emptied, since usage

@@ -69,6 +69,8 @@ def profile_table(config: DeploymentConfig, registry: BackendRegistry) -> list[d
                 "budgets": profile.budgets.model_dump(mode="json"),
                 "output": profile.output.model_dump(mode="json"),
                 "warm": profile.warm,
+                "warm_memory_bytes": profile.warm_memory_bytes,
+                "warm_idle_seconds": profile.warm_idle_seconds,
                 "errors": errors,
             }
         )

@@ -178,6 +178,7 @@ class ChildDriver:
                             self._seen_late(wall)
                             with anyio.CancelScope(shield=True):
                                 await early.deliver()
+                            mark("result handed back")
                             # The child exits right after its result; one that does not has
                             # nothing left to say and is killed by the teardown below.
                             with anyio.move_on_after(EXIT_AFTER_EARLY_RESULT_SECONDS):

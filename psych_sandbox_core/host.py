@@ -89,7 +89,10 @@ class PreparedChild:
     """A child launched, connected and graded, waiting for its one program. Its resources
     are held by the task :func:`prepare` started; :meth:`serve` hands it the program."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory_bytes: int | None = None) -> None:
+        #: The memory the waiting child held once graded, as measured from the host (None:
+        #: its backend cannot say).
+        self.memory_bytes = memory_bytes
         self._assigned = anyio.Event()
         self._done = anyio.Event()
         self._plan: ExecutionPlan | None = None
@@ -115,8 +118,14 @@ class PreparedChild:
             raise self._error
         return self._result
 
+    def discard(self) -> None:
+        """Tear this child down without a program (a pool shrinking or over its budget)."""
+        if not self._assigned.is_set():
+            self._plan = None
+            self._assigned.set()
+
     async def _wait_for_plan(self, launched: Launched) -> ExecutionPlan | None:
-        """The program, or None if the child exits first."""
+        """The program, or None if the child exits first or is discarded."""
         exited = False
         async with anyio.create_task_group() as tg:
 
@@ -182,7 +191,7 @@ async def _hold(
                         child = ChildDriver(launched, harness)
                         not_prepared = await _prepared(child)
                         if not_prepared is None:
-                            prepared = PreparedChild()
+                            prepared = PreparedChild(launched.memory_bytes_now())
                             task_status.started(prepared)
                             plan = await _given(prepared, child, launched, on_gone)
                         if plan is not None:

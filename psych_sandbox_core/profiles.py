@@ -37,9 +37,17 @@ class ProfileConfig(BaseModel):
     #: Previews, attachments and artifact collection (see docs/output.md).
     output: OutputPolicy = Field(default_factory=OutputPolicy)
     #: Children kept prepared (launched, connected, graded) ahead of their program, each used
-    #: for exactly one program. Needs the Sandbox used as ``async with``; 0 starts every
-    #: execution cold.
-    warm: Annotated[int, Field(ge=0, le=64)] = 0
+    #: for exactly one program and discarded. Needs the Sandbox used as ``async with``; 0
+    #: starts every execution cold. Unset: two, once the Sandbox runs the profile a second
+    #: time (a Sandbox that runs one program prepares nothing it would not use).
+    warm: Annotated[int, Field(ge=0, le=64)] | None = None
+    #: The most memory the prepared children of this profile may hold together, as measured
+    #: from the host once each is graded (a child its backend cannot measure counts at the
+    #: limits' ``memory_bytes``): the pool keeps fewer rather than exceed it.
+    warm_memory_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
+    #: Prepared children are discarded after this long without a program of the profile;
+    #: the next program starts cold and the pool fills again.
+    warm_idle_seconds: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)] = 60.0
 
 
 #: A profile name is used on command lines and in specs: keep it plain.

@@ -40,7 +40,7 @@ from .narrowing import (
 )
 from .paging import DEFAULT_SEARCH_DEADLINE_SECONDS, SearchSettings
 from .pattern_search import SearchResult
-from .pool import WarmPool
+from .pool import AUTOMATIC_SIZE, WarmPool, WarmSettings, WarmStatus
 from .preservation import OutputContext
 from .profiles import DEFAULT_PROFILE, ProfileConfig
 from .protocol.frames import CommandSpec, InputFile
@@ -425,14 +425,26 @@ class Sandbox:
         if pool is not None:
             await pool.wait_ready()
 
+    def warm_status(self, profile: str) -> WarmStatus | None:
+        """The warm pool of ``profile`` as it stands (children waiting, being prepared, the
+        memory they hold, its bounds); None while it has none (no run of the profile yet,
+        ``warm = 0``, or outside ``async with``)."""
+        pool = self._pools.get(profile)
+        return None if pool is None else pool.status()
+
     def _pool(self, loaded: _LoadedProfile) -> WarmPool | None:
-        if loaded.config.warm == 0 or self._task_group is None:
+        config = loaded.config
+        if config.warm == 0 or self._task_group is None:
             return None
         pool = self._pools.get(loaded.name)
         if pool is None:
-            pool = WarmPool(
-                loaded.backend, loaded.config.limits, loaded.config.warm, self._task_group
+            settings = WarmSettings(
+                size=AUTOMATIC_SIZE if config.warm is None else config.warm,
+                memory_bytes=config.warm_memory_bytes,
+                idle_seconds=config.warm_idle_seconds,
+                automatic=config.warm is None,
             )
+            pool = WarmPool(loaded.backend, config.limits, settings, self._task_group)
             self._pools[loaded.name] = pool
         return pool
 

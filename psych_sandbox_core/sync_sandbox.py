@@ -37,6 +37,7 @@ from .inputs import Inputs
 from .narrowing import ExecutionRequest, TenantPolicy
 from .paging import DEFAULT_SEARCH_DEADLINE_SECONDS
 from .pattern_search import SearchResult
+from .pool import WarmStatus
 from .registry import BackendRegistry
 from .result import ExecutionResult
 from .runlog import RunLog
@@ -377,6 +378,14 @@ class SyncSandbox:
     def warmed(self, profile: str) -> None:
         """Wait until ``profile`` has a prepared child waiting (see :meth:`Sandbox.warmed`)."""
         self._call(functools.partial(self._sandbox.warmed, profile))
+
+    def warm_status(self, profile: str) -> WarmStatus | None:
+        """The warm pool of ``profile`` as it stands (see :meth:`Sandbox.warm_status`)."""
+
+        async def read() -> WarmStatus | None:
+            return self._sandbox.warm_status(profile)
+
+        return self._call(read)
 
     def profile_names(self) -> list[str]:
         return self._sandbox.profile_names()

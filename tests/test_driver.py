@@ -15,7 +15,7 @@ from psych_sandbox_core.bindings import CallServer, FunctionBindings, ToolSpec
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.grading import Grade, Guarantee, Level, Mechanisms
 from psych_sandbox_core.host import ExecutionPlan, NotPrepared, PreparedChild, execute, prepare
-from psych_sandbox_core.pool import WarmPool
+from psych_sandbox_core.pool import WarmPool, WarmSettings
 from psych_sandbox_core.protocol import (
     AbortFrame,
     HostFrame,
@@ -353,7 +353,7 @@ async def test_the_pool_gives_each_program_a_fresh_prepared_child() -> None:
 
     backend = FakeBackend(script)
     async with anyio.create_task_group() as tg:
-        pool = WarmPool(backend, LIMITS, 1, tg)
+        pool = WarmPool(backend, LIMITS, WarmSettings(1, 2**30, 60.0), tg)
         await pool.wait_ready()
         first = await pool.run(plan(source="one"))
         await pool.wait_ready()

@@ -105,3 +105,98 @@ async def test_cancelling_the_caller_ends_the_warm_execution() -> None:
             tg.cancel_scope.cancel()
         assert await wait_for_pids(mark, present=False) == []
     assert pids_with(mark) == []
+
+
+def automatic_config(**profile: object) -> DeploymentConfig:
+    """A profile that does not say ``warm``: the pool is the Sandbox's default."""
+    return DeploymentConfig(
+        profiles={
+            WARM: ProfileConfig(
+                backend="subprocess",
+                limits=ExecutionLimits(**FAST_LIMITS),  # type: ignore[arg-type]
+                **profile,  # type: ignore[arg-type]
+            )
+        }
+    )
+
+
+async def wait_exited(pids: set[int]) -> None:
+    """Return once every process in ``pids`` has exited (the kernel says so through a
+    pidfd each; no polling)."""
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            await anyio.wait_readable(fd)
+        finally:
+            os.close(fd)
+
+
+async def test_a_long_lived_sandbox_keeps_children_prepared_by_default() -> None:
+    before = children_of_this_process()
+    async with Sandbox(automatic_config()) as sandbox:
+        first = await sandbox.run("1", profile=WARM)
+        # One program so far: nothing is prepared that might never be used.
+        status = sandbox.warm_status(WARM)
+        assert status is not None and (status.ready, status.preparing) == (0, 0)
+        assert children_of_this_process() - before == set()
+        second = await sandbox.run("2", profile=WARM)
+        status = sandbox.warm_status(WARM)
+        assert status is not None and status.ready + status.preparing >= 1
+        assert status.size == 2
+        await sandbox.warmed(WARM)
+        prepared = children_of_this_process() - before
+        assert prepared, "no child was kept prepared"
+        third = await sandbox.run("3", profile=WARM)
+    assert [r.return_value for r in (first, second, third)] == [1, 2, 3]
+    assert children_of_this_process() - before == set()
+
+
+async def test_warm_zero_prepares_nothing() -> None:
+    before = children_of_this_process()
+    async with Sandbox(automatic_config(warm=0)) as sandbox:
+        for _ in range(3):
+            await sandbox.run("1", profile=WARM)
+        assert sandbox.warm_status(WARM) is None
+        await sandbox.warmed(WARM)  # nothing to wait for
+        assert children_of_this_process() - before == set()
+
+
+async def test_the_pool_never_holds_more_memory_than_its_budget() -> None:
+    # How much one prepared child holds here, as the host measures it.
+    async with Sandbox(automatic_config(warm=1)) as sandbox:
+        await sandbox.warmed(WARM)
+        one = sandbox.warm_status(WARM)
+    assert one is not None and one.ready == 1 and one.held_bytes > 0
+    for budget in (1, one.held_bytes * 5 // 2, 1 << 40):
+        async with Sandbox(automatic_config(warm=4, warm_memory_bytes=budget)) as sandbox:
+            for _ in range(3):
+                await sandbox.warmed(WARM)
+                status = sandbox.warm_status(WARM)
+                assert status is not None
+                assert status.held_bytes <= budget and status.ready <= 4, status
+                result = await sandbox.run("6 * 7", profile=WARM)
+                assert result.return_value == 42, result.error
+        if budget == 1:
+            assert status.ready == 0  # not even one fits: every run starts cold
+        if budget == 1 << 40:
+            assert status.ready >= 1
+
+
+async def test_an_idle_pool_shrinks_to_nothing_and_fills_again() -> None:
+    before = children_of_this_process()
+    async with Sandbox(automatic_config(warm=1, warm_idle_seconds=0.2)) as sandbox:
+        await sandbox.warmed(WARM)
+        prepared = children_of_this_process() - before
+        assert prepared
+        # No program comes: the prepared child is discarded, torn down like any other.
+        await wait_exited(prepared)
+        status = sandbox.warm_status(WARM)
+        assert status is not None and status.ready == 0
+        # The next program runs (cold) and the pool fills again.
+        assert (await sandbox.run("5", profile=WARM)).return_value == 5
+        await sandbox.warmed(WARM)
+        assert children_of_this_process() - before - prepared
+    assert children_of_this_process() - before == set()

@@ -287,12 +287,8 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
         *,
         cgroup: ExecutionCgroup | None = None,
     ) -> None:
-        super().__init__(process, channel, mechanisms)
-        self.cgroup = cgroup
+        super().__init__(process, channel, mechanisms, cgroup)
         self._namespace = namespace
-
-    def usage_so_far(self) -> tuple[float | None, int | None] | None:
-        return None if self.cgroup is None else self.cgroup.usage()
 
     async def terminate(self, grace_seconds: float) -> None:
         self.process.signal_group(signal.SIGTERM)

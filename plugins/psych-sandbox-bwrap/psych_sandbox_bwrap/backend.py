@@ -342,9 +342,13 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
         cgroup: ExecutionCgroup | None = None,
         memory_cap: int | None = None,
     ) -> None:
-        super().__init__(process, channel, mechanisms)
-        self.cgroup = cgroup
+        super().__init__(process, channel, mechanisms, cgroup)
         self.memory_cap = memory_cap
+        # A warm result may be handed back before teardown: the pipes carry exactly what
+        # the child wrote, the pid namespace ends every process whatever the program did
+        # (its grade does not wait on the teardown), and the cgroup measures usage so far.
+        # Without a cgroup, usage is only known once the tree is reaped.
+        self.early_result_ok = cgroup is not None
         #: A pidfd on the pid namespace's init, once bwrap has said which host pid it is.
         self._init_fd: int | None = None
         self._status: ExitStatus | None = None
