@@ -191,6 +191,10 @@ class Backend(ABC):
     #: programs: true of every backend whose child runs the bootstrap where a process can
     #: start another. A profile whose backend does not gets a refusal as data.
     runs_commands: ClassVar[bool] = False
+    #: Whether a long-lived Sandbox keeps children of this backend prepared when the profile
+    #: does not say (``warm`` unset; pool.py). False for a backend whose prepared child holds
+    #: a resource others share, such as a remote service's execution slot.
+    prepared_by_default: ClassVar[bool] = True
 
     def __init__(self, options: BackendOptions) -> None:
         self.options = options

@@ -239,13 +239,17 @@ async def _given(
     launched: Launched,
     on_gone: Callable[[PreparedChild], None],
 ) -> ExecutionPlan | None:
-    """The program a prepared child is given, or None if it died waiting."""
+    """The program a prepared child is given, or None if it died waiting or was discarded."""
+    plan: ExecutionPlan | None = None
     try:
         plan = await prepared._wait_for_plan(launched)
     finally:
         on_gone(prepared)
-    if plan is None:
-        await child.close_link()
+        if plan is None:
+            # Also when the wait was cancelled (the Sandbox closing): the link is the core's
+            # to close, whatever the launch's teardown closes of its own.
+            with anyio.CancelScope(shield=True):
+                await child.close_link()
     return plan
 
 

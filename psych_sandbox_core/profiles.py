@@ -44,7 +44,7 @@ class ProfileConfig(BaseModel):
     #: The most memory the prepared children of this profile may hold together, as measured
     #: from the host once each is graded (a child its backend cannot measure counts at the
     #: limits' ``memory_bytes``): the pool keeps fewer rather than exceed it.
-    warm_memory_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
+    warm_memory_bytes: Annotated[int, Field(gt=0)] = 1024 * 1024 * 1024
     #: Prepared children are discarded after this long without a program of the profile;
     #: the next program starts cold and the pool fills again.
     warm_idle_seconds: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)] = 60.0

@@ -434,7 +434,9 @@ class Sandbox:
 
     def _pool(self, loaded: _LoadedProfile) -> WarmPool | None:
         config = loaded.config
-        if config.warm == 0 or self._task_group is None:
+        if self._task_group is None or config.warm == 0:
+            return None
+        if config.warm is None and not type(loaded.backend).prepared_by_default:
             return None
         pool = self._pools.get(loaded.name)
         if pool is None:

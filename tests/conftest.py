@@ -31,10 +31,15 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 
 def config(
-    *, options: dict[str, Any] | None = None, required_level: Any = None, **limits: Any
+    *,
+    options: dict[str, Any] | None = None,
+    required_level: Any = None,
+    warm: int | None = None,
+    **limits: Any,
 ) -> DeploymentConfig:
-    """A deployment with one profile, ``test``, on the subprocess backend."""
-    extra: dict[str, Any] = {}
+    """A deployment with one profile, ``test``, on the subprocess backend (``warm``: its
+    prepared children; unset is the Sandbox's default pool)."""
+    extra: dict[str, Any] = {"warm": warm}
     if required_level is not None:
         extra["required_level"] = required_level
     return DeploymentConfig(

@@ -309,6 +309,9 @@ def hidden_sandbox(**policy: Any) -> Sandbox:
         backend="hiddenworkspace",
         limits=ExecutionLimits(**FAST_LIMITS),
         output=OutputPolicy(**policy),
+        # Cold executions only: tests compare the host's descriptors between runs, which
+        # prepared children would hold.
+        warm=0,
     )
     return Sandbox(DeploymentConfig(profiles={PROFILE: profile}), registry=registry)
 

@@ -88,7 +88,8 @@ CASES = {
 async def test_forged_frame_is_a_protocol_error_and_the_host_stays_healthy(
     source: str, private_tmp: Path
 ) -> None:
-    async with Sandbox(config(wall_seconds=30.0)) as sandbox:
+    # Cold executions: prepared children would hold descriptors of their own.
+    async with Sandbox(config(wall_seconds=30.0, warm=0)) as sandbox:
         await sandbox.run("1", profile=PROFILE)  # warm-up, so descriptors are comparable
         fds = open_fds()
         result = await sandbox.run(source, profile=PROFILE)

@@ -54,6 +54,7 @@ from ..errors import ErrorKind, InvalidRequestError
 from ..grading import Guarantee
 from ..identity import LeasedIdentityOptions
 from ..output import OutputPolicy
+from ..phases import recording
 from ..profiles import DeploymentConfig, ProfileConfig
 from ..registry import BackendRegistry
 from ..result import ExecutionResult, SkippedEntry
@@ -100,6 +101,14 @@ if os.fork() == 0:
 os.close(w)
 assert os.read(r, 1) == b"x"
 os.wait()
+"""
+
+#: What a program leaves on both streams and returns, warm or cold.
+WARM_PROGRAM = """
+import sys
+print("out", 2 + 2)
+print("err", file=sys.stderr)
+{"answer": [1, 2, 3]}
 """
 
 #: The program reaches the control channel the way a hostile one would: the bootstrap's own
@@ -292,6 +301,10 @@ class BackendConformance:
     #: shell form then exits 127, as a shell says "not found").
     has_shell: ClassVar[bool] = True
 
+    #: Whether a warm execution's result is handed back before its child's teardown on
+    #: this host (the launch sets ``early_result_ok``; see docs/architecture.md).
+    early_result: ClassVar[bool] = False
+
     profile: ClassVar[str] = "conformance"
     #: A second profile some tests add: the subprocess backend without a pid namespace, a
     #: program on the host among the host's processes.
@@ -313,10 +326,12 @@ class BackendConformance:
         options: dict[str, Any] | None = None,
         output: OutputPolicy | None = None,
         plain: dict[str, Any] | None = None,
+        warm: int | None = None,
         **limits: Any,
     ) -> DeploymentConfig:
         """The deployment of one test: the backend's profile (its options updated by
-        ``options``), and with ``plain`` the plain subprocess profile with those options."""
+        ``options``, ``warm`` children kept prepared: unset is the default pool), and with
+        ``plain`` the plain subprocess profile with those options."""
         terms = ExecutionLimits(**{**self.limits, **limits})
         profiles = {
             self.profile: ProfileConfig(
@@ -324,6 +339,7 @@ class BackendConformance:
                 options={**self.options, **(options or {})},
                 limits=terms,
                 output=output or OutputPolicy(),
+                warm=warm,
             )
         }
         if plain is not None:
@@ -607,6 +623,43 @@ class BackendConformance:
         if self.processes_visible:
             # The daemon did run (the host saw it), so its absence now means it was killed.
             assert seen, "the detached daemon was never seen running"
+        self._nothing_left(mark)
+
+    # Prepared children: the pool's hand-off is loop-specific code (the shared task group, the
+    # early result), so on both loops.
+
+    @pytest.mark.anyio
+    async def test_a_prepared_child_gives_what_a_fresh_one_gives(self) -> None:
+        cold = await self.run(WARM_PROGRAM)
+        async with self.sandbox(warm=1) as sandbox:
+            # The child is prepared in a task started from here: its points are recorded
+            # too, its teardown's included (finished once the sandbox is closed).
+            with recording() as reached:
+                await sandbox.warmed(self.profile)
+                warm = await sandbox.run(WARM_PROGRAM, profile=self.profile)
+        points = [point for point, _ in reached]
+        assert cold.error is None and warm.error is None, (cold.error, warm.error)
+        assert (warm.stdout, warm.stderr) == (cold.stdout, cold.stderr) == ("out 4\n", "err\n")
+        assert warm.return_value == cold.return_value == {"answer": [1, 2, 3]}
+        assert warm.level == cold.level == self.level
+        assert warm.grades == cold.grades
+        assert warm.stdout_info.after_end_bytes == warm.stderr_info.after_end_bytes == 0
+        # Handed back before the child was even reaped, exactly where the backend says so.
+        early = "result handed back" in points
+        assert early is self.early_result, points
+        if early:
+            assert points.index("result handed back") < points.index("reaped"), points
+
+    @pytest.mark.anyio
+    async def test_a_prepared_child_leaves_nothing_once_the_sandbox_closes(self) -> None:
+        mark = marker()
+        async with self.sandbox(warm=1) as sandbox:
+            await sandbox.warmed(self.profile)
+            result = await sandbox.run(DAEMON.format(mark=mark) + "'spawned'", profile=self.profile)
+            # A second child was prepared meanwhile, and is torn down unused.
+            await sandbox.warmed(self.profile)
+        assert result.error is None, result.error
+        assert result.return_value == "spawned"
         self._nothing_left(mark)
 
     # Commands go through the same child and teardown as programs, on every loop alike:

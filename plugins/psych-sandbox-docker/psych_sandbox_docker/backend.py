@@ -817,6 +817,15 @@ class _Container(Launched):
         cpu, peak = self._usage()
         return None if cpu is None else (cpu, peak)
 
+    def memory_bytes_now(self) -> int | None:
+        if self._cgroup_name is None:
+            return None
+        path = eng.CGROUP_MOUNT / "memory" / eng.CGROUP_ROOT / self._cgroup_name
+        try:
+            return int((path / "memory.usage_in_bytes").read_text())
+        except (OSError, ValueError):
+            return None
+
     def _usage(self) -> tuple[float | None, int | None]:
         """CPU seconds and peak memory of the container's cgroup (the runtime's own
         overhead included), read from the per-execution parent that outlived it."""

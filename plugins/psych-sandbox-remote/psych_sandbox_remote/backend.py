@@ -53,6 +53,9 @@ class RemoteBackend(Backend):
     #: A command travels in the run frame over the relayed channel, as a program does; a
     #: service whose child does not run it is refused (see refusal_for).
     runs_commands = True
+    #: A prepared execution would hold one of the service's slots while it waits: only a
+    #: profile that asks (``warm = N``) keeps any.
+    prepared_by_default = False
 
     def __init__(self, options: RemoteOptions) -> None:
         super().__init__(options)
