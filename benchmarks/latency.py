@@ -5,11 +5,14 @@ measured in the same run, interleaved with the measurements so both see the same
 For each available backend it prints:
 
 - cold: every execution launches its child from nothing;
-- warm: a profile with `warm = 1`, at low load (each execution starts once the next child is
-  ready, waited for, not guessed, and has then been idle for `--idle` seconds, as between
-  requests that do not arrive back to back: an idle child imports what an awaiting program
-  needs) — each child still runs exactly one program;
-- sustained: the same warm profile driven back to back, as executions per second;
+- warm: a profile that does not set `warm`, in a long-lived Sandbox (its default pool of
+  prepared children), at low load (each execution starts once the next child is ready,
+  waited for, not guessed, and has then been idle for `--idle` seconds, as between requests
+  that do not arrive back to back: an idle child imports what an awaiting program needs) —
+  each child still runs exactly one program;
+- sustained: the same profile driven by `--concurrency` callers at once, as executions per
+  second, next to the bare interpreter's own ceiling: `python -I -c pass` processes per
+  second started by as many callers at once, measured in the same run;
 - where a backend names one (`bare_command()`), the bare equivalent of its own start-up
   (e.g. `docker run` of the same image) measured in the same run;
 - the same, cold and warm, for a program that awaits (`await asyncio.sleep(0)`) and for a
@@ -19,7 +22,7 @@ For each available backend it prints:
   reached (psych_sandbox_core.phases: timestamps taken in the host as it reaches each point,
   not estimates), and how much of it comes after the child's result frame.
 
-    python benchmarks/latency.py [--runs N] [--backend ID ...] [--idle SECONDS]
+    python benchmarks/latency.py [--runs N] [--backend ID ...] [--idle SECONDS] [--concurrency N]
 """
 
 from __future__ import annotations
@@ -98,11 +101,43 @@ async def time_run(
     return elapsed
 
 
-async def measure(backend_id: str, runs: int, idle: float) -> None:
+async def processes_per_second(argv: Sequence[str], concurrency: int, count: int) -> float:
+    """Bare processes started and waited for by ``concurrency`` callers at once."""
+    limiter = anyio.CapacityLimiter(concurrency)
+
+    async def one() -> None:
+        async with limiter:
+            await anyio.run_process(list(argv))
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(count):
+            tg.start_soon(one)
+    return count / (time.perf_counter() - started)
+
+
+async def executions_per_second(
+    sandbox: Sandbox, profile: str, concurrency: int, count: int
+) -> float:
+    """Executions of PROGRAM run to their result by ``concurrency`` callers at once."""
+    limiter = anyio.CapacityLimiter(concurrency)
+
+    async def one() -> None:
+        async with limiter:
+            await time_run(sandbox, profile)
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(count):
+            tg.start_soon(one)
+    return count / (time.perf_counter() - started)
+
+
+async def measure(backend_id: str, runs: int, idle: float, concurrency: int) -> None:
     config = DeploymentConfig(
         profiles={
-            "cold": ProfileConfig(backend=backend_id),
-            "warm": ProfileConfig(backend=backend_id, warm=1),
+            "cold": ProfileConfig(backend=backend_id, warm=0),
+            "warm": ProfileConfig(backend=backend_id),
         }
     )
     async with Sandbox(config) as sandbox:
@@ -128,10 +163,9 @@ async def measure(backend_id: str, runs: int, idle: float) -> None:
                 awaiting[name][1].append(await time_run(sandbox, "warm", program))
             if bare_command is not None:
                 bare.append(time_command(bare_command()))
-        started = time.perf_counter()
-        for _ in range(runs):
-            await time_run(sandbox, "warm")
-        rate = runs / (time.perf_counter() - started)
+        bare_rate = await processes_per_second(floor_argv, concurrency, runs * 4)
+        rate = await executions_per_second(sandbox, "warm", concurrency, runs * 4)
+        bare_rate = (bare_rate + await processes_per_second(floor_argv, concurrency, runs * 4)) / 2
     f = statistics.median(floor)
     c = statistics.median(cold)
     w = statistics.median(warm)
@@ -139,9 +173,15 @@ async def measure(backend_id: str, runs: int, idle: float) -> None:
     print(f"{backend_id}:   cold       median {c * 1e3:7.2f} ms   ratio {c / f:5.2f}x")
     print(
         f"{backend_id}:   warm       median {w * 1e3:7.2f} ms   ratio {w / f:5.2f}x "
-        f"(low load: ready, then idle {idle:g} s)"
+        f"(low load: ready, then idle {idle:g} s; target < 0.25x: "
+        f"{'met' if w / f < 0.25 else 'NOT met'})"
     )
-    print(f"{backend_id}:   sustained  {rate:7.1f} executions/s back to back (warm = 1)")
+    share = rate / bare_rate
+    print(
+        f"{backend_id}:   sustained  {rate:7.1f} executions/s by {concurrency} callers; the bare "
+        f"interpreter's ceiling {bare_rate:.1f}/s: {share:.0%} of it "
+        f"(target >= 60%: {'met' if share >= 0.6 else 'NOT met'})"
+    )
     for name, (cold_times, warm_times) in awaiting.items():
         ac, aw = statistics.median(cold_times), statistics.median(warm_times)
         print(
@@ -183,6 +223,9 @@ async def main() -> None:
     parser.add_argument(
         "--idle", type=float, default=0.25, help="seconds a warm child idles before its program"
     )
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="callers at once for the sustained rate"
+    )
     args = parser.parse_args()
     registry = BackendRegistry()
     for backend_id in args.backend or registry.ids():
@@ -190,7 +233,7 @@ async def main() -> None:
         if reason is not None:
             print(f"{backend_id}: not available here ({reason})")
             continue
-        await measure(backend_id, args.runs, args.idle)
+        await measure(backend_id, args.runs, args.idle, args.concurrency)
 
 
 if __name__ == "__main__":

@@ -119,9 +119,14 @@ class ExecutionCgroup:
         (about 10 ms for three hierarchies on a loaded host, measured). v2 has no such
         shortcut outside threaded cgroups, so it writes ``cgroup.procs``.
         """
+        for path in self.join_files():
+            self._join_fds.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
+
+    def join_files(self) -> list[Path]:
+        """The files a process writes "0" to, as root, to move itself in (see
+        open_for_joining for which)."""
         name = "tasks" if self.host.version == 1 else "cgroup.procs"
-        for directory in self.directories:
-            self._join_fds.append(os.open(directory / name, os.O_WRONLY | os.O_CLOEXEC))
+        return [directory / name for directory in self.directories]
 
     @property
     def join_fds(self) -> list[int]:

@@ -16,6 +16,7 @@ from psych_sandbox_core import cgroups
 from psych_sandbox_core.backend_kit import owner_tag
 from psych_sandbox_core.testing.programs import cgroups_of_one_execution
 
+from psych_sandbox_bwrap import backend
 from psych_sandbox_bwrap.backend import DEFAULT_PIDS, PIDS_CGROUP_HEADROOM
 
 pytestmark = [pytest.mark.anyio]
@@ -47,7 +48,15 @@ def nothing_left() -> Iterator[None]:
     assert our_cgroups() == []
 
 
-async def test_cpu_of_the_whole_tree_measured_from_the_host() -> None:
+@pytest.mark.parametrize("joined_by", ["setpriv", "pre-exec step"])
+async def test_cpu_of_the_whole_tree_measured_from_the_host(
+    joined_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if joined_by == "setpriv":
+        assert backend._setpriv() is not None, "setpriv with --pdeathsig is missing here"
+    else:
+        # A host without setpriv: the forked child joins the cgroup in Python instead.
+        monkeypatch.setattr(backend, "_setpriv", lambda: None)
     # A child burns the CPU, not the process bwrap started: wait4 on bwrap saw ~0.003 s.
     result = await run(
         "import os, time\n"
