@@ -17,7 +17,9 @@ For each available backend it prints:
   (e.g. `docker run` of the same image) measured in the same run;
 - the same, cold and warm, for a program that awaits (`await asyncio.sleep(0)`) and for a
   code-mode program (20 no-op binding calls under `asyncio.gather`), each also as a ratio to
-  the program that does not await;
+  the program that does not await, and cold also to the bare interpreter importing and
+  running asyncio itself (`python -I -c "import asyncio; asyncio.run(...)"`), the part of a
+  cold awaiting execution no sandbox can take off its path;
 - where a cold execution's time goes: the median time between consecutive points the host
   reached (psych_sandbox_core.phases: timestamps taken in the host as it reaches each point,
   not estimates), and how much of it comes after the child's result frame.
@@ -51,6 +53,11 @@ AWAITING = {
         "print(2 + 2 if replies == [None] * 20 else replies)"
     ),
 }
+
+
+#: The bare interpreter doing what the awaiting programs need of it: the floor of a cold child
+#: that awaits (its own import of asyncio and an event loop).
+AWAITING_BARE = "import asyncio; asyncio.run(asyncio.sleep(0))"
 
 
 async def noop() -> None:
@@ -147,11 +154,12 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int) -> 
         floor_argv = [interpreter, "-I", "-c", "pass"]
         await time_run(sandbox, "cold")
         await time_run(sandbox, "warm")
-        floor, cold, warm, bare = [], [], [], []
+        floor, cold, warm, bare, awaiting_floor = [], [], [], [], []
         cold_marks: list[Marks] = []
         awaiting: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in AWAITING}
         for _ in range(runs):
             floor.append(time_command(floor_argv))
+            awaiting_floor.append(time_command([*floor_argv[:-1], AWAITING_BARE]))
             cold.append(await time_run(sandbox, "cold", marks=cold_marks))
             await sandbox.warmed("warm")  # low load: the next child is ready, and idle
             await anyio.sleep(idle)
@@ -182,13 +190,19 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int) -> 
         f"interpreter's ceiling {bare_rate:.1f}/s: {share:.0%} of it "
         f"(target >= 60%: {'met' if share >= 0.6 else 'NOT met'})"
     )
+    af = statistics.median(awaiting_floor)
     for name, (cold_times, warm_times) in awaiting.items():
         ac, aw = statistics.median(cold_times), statistics.median(warm_times)
         print(
             f"{backend_id}:   {name:10} cold {ac * 1e3:7.2f} ms ({ac / f:5.2f}x floor, "
-            f"{ac / c:4.2f}x print)   warm {aw * 1e3:7.2f} ms ({aw / f:5.2f}x floor, "
-            f"{aw / w:4.2f}x print)"
+            f"{ac / c:4.2f}x print, {ac / af:4.2f}x the bare awaiting floor)   "
+            f"warm {aw * 1e3:7.2f} ms ({aw / f:5.2f}x floor, {aw / w:4.2f}x print)"
         )
+    print(
+        f"{backend_id}:   bare awaiting floor `-I -c {AWAITING_BARE!r}` median {af * 1e3:.2f} ms "
+        f"({af / f:.2f}x the bare start-up: what the interpreter itself pays to import and run "
+        "asyncio, on a cold child's path whatever the sandbox does)"
+    )
     if bare:
         b = statistics.median(bare)
         print(f"{backend_id}:   bare equivalent start-up median {b * 1e3:7.2f} ms ({b / f:5.2f}x)")
