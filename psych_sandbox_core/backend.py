@@ -100,6 +100,17 @@ class Launched(ABC):
         alive; None when this backend can only measure after teardown."""
         return None
 
+    def before_program(self) -> bool:
+        """Note the processes the child has now, before its program runs; whether this backend
+        can later tell that only those remain (:meth:`only_processes_from_before`)."""
+        return False
+
+    def only_processes_from_before(self) -> bool:
+        """Whether every process of the child's tree now is one it had before its program
+        ran: none the program started is left to write to the workspace or to outlive the
+        result. False where the backend cannot tell."""
+        return False
+
     def memory_bytes_now(self) -> int | None:
         """The memory the child holds now, as the host measures it (its cgroup's count), or
         None where this backend cannot measure it; a warm pool counts it against its
@@ -152,9 +163,10 @@ class ProcessLaunched(Launched, Generic[Channel]):
         self.mechanisms = mechanisms
         self.stdout = process.stdout
         self.stderr = process.stderr
-        #: The execution's own cgroup, where the host could make one: usage and memory are
-        #: read from it while the child lives.
+        #: The execution's own cgroup, where the host could make one: usage, memory and the
+        #: processes of the tree are read from it while the child lives.
         self.cgroup = cgroup
+        self._before_program: set[int] | None = None
 
     async def wait_exited(self) -> None:
         await self.process.wait_exited()
@@ -164,6 +176,17 @@ class ProcessLaunched(Launched, Generic[Channel]):
 
     def memory_bytes_now(self) -> int | None:
         return None if self.cgroup is None else self.cgroup.memory_now()
+
+    def before_program(self) -> bool:
+        self._before_program = None if self.cgroup is None else self.cgroup.pids() or None
+        return self._before_program is not None
+
+    def only_processes_from_before(self) -> bool:
+        # Some of those may have exited since (the bootstrap, right after its result). A
+        # process the program started could only pass for one of them with that very pid,
+        # handed out again only once the kernel's pid counter wrapped around since.
+        before = self._before_program
+        return before is not None and self.cgroup is not None and self.cgroup.pids() <= before
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from .early_result import (
     EXIT_AFTER_EARLY_RESULT_SECONDS,
     EarlyDelivery,
     end_marker,
+    host_walks,
     settled_or_exited,
 )
 from .ending import Ending, conclude_ending
@@ -135,8 +136,9 @@ class ChildDriver:
 
             async def deliver() -> None:
                 self.account_connections()
+                collection = self._collection or self._channel_collection()
                 self._delivered = await conclude_ending(
-                    self._ending(plan, started, self._channel_collection(), launched.usage_so_far())
+                    self._ending(plan, started, collection, launched.usage_so_far())
                 )
                 deliver_to(self._delivered)
 
@@ -174,7 +176,7 @@ class ChildDriver:
                     else:
                         if self.conversation.state is State.VIOLATED:
                             pass  # killed by the teardown below
-                        elif early is not None and await self._complete_before_exit(settled):
+                        elif early is not None and await self._complete_before_exit(plan, settled):
                             self._seen_late(wall)
                             with anyio.CancelScope(shield=True):
                                 await early.deliver()
@@ -281,7 +283,9 @@ class ChildDriver:
 
     # ------------------------------------------------------------------ after the result
 
-    async def _complete_before_exit(self, settled: list[anyio.Event]) -> bool:
+    async def _complete_before_exit(
+        self, plan: ExecutionPlan, settled: list[anyio.Event]
+    ) -> bool:
         """Whether the program's output and result are complete before the child's exit was
         even reported: a result frame, nothing wrong so far, and both end markers seen."""
         conversation = self.conversation
@@ -291,6 +295,14 @@ class ChildDriver:
         await settled_or_exited(settled, self._launched)
         if not (self._stdout.marker_seen and self._stderr.marker_seen):
             return False
+        launched = self._launched
+        if host_walks(launched, plan):
+            if not launched.only_processes_from_before():
+                return False  # something the program started may still write its files
+            # The program has ended and nothing of it is left: its files are final.
+            self._collection = await anyio.to_thread.run_sync(
+                collect_artifacts, plan.output, launched.workspace_path
+            )
         # A collecting run: its channel is read to its end (the child closes it by exiting)
         # before anything it sent counts, as in the teardown.
         await self._talk.nothing_after_result()

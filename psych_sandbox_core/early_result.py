@@ -32,14 +32,21 @@ class EarlyDelivery:
 
 def end_marker(launched: Launched, plan: ExecutionPlan) -> str | None:
     """The end marker for an execution whose result may be handed back early, or None where
-    the host must see the child end first (the host walks its workspace for files)."""
-    if not launched.early_result_ok or (
-        plan.output is not None and launched.workspace_path is not None
-    ):
+    the host must see the child end first. Where the host walks the workspace for files, only
+    if the backend can tell, at the marker, that no process the program started is left to
+    write there (it notes the child's processes now, before the program runs)."""
+    if not launched.early_result_ok:
+        return None
+    if host_walks(launched, plan) and not launched.before_program():
         return None
     # Random per execution: output cannot end a stream early by chance (a program that finds
     # and prints it only cuts its own output short).
     return f"<psych-sandbox-end:{secrets.token_hex(16)}>"
+
+
+def host_walks(launched: Launched, plan: ExecutionPlan) -> bool:
+    """Whether the host collects the execution's files by walking its workspace."""
+    return plan.output is not None and launched.workspace_path is not None
 
 
 async def settled_or_exited(settled: list[anyio.Event], launched: Launched) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox, cgroups
+from psych_sandbox_core.phases import recording
 
 from .conftest import FAST_LIMITS, marker, pids_with, wait_for_pids
 
@@ -200,3 +201,35 @@ async def test_an_idle_pool_shrinks_to_nothing_and_fills_again() -> None:
         await sandbox.warmed(WARM)
         assert children_of_this_process() - before - prepared
     assert children_of_this_process() - before == set()
+
+
+#: Whether this host gives an execution a cgroup of its own (root, a writable hierarchy):
+#: what a subprocess child needs to hand a warm result back before its teardown.
+CGROUPS = os.geteuid() == 0 and isinstance(cgroups.detect(), cgroups.CgroupHost)
+
+
+@pytest.mark.skipif(not CGROUPS, reason="no per-execution cgroups on this host")
+@pytest.mark.parametrize("leaves_a_process", [False, True], ids=["ended", "left-a-process"])
+async def test_a_warm_result_comes_before_the_teardown_only_when_nothing_of_the_program_is_left(
+    leaves_a_process: bool,
+) -> None:
+    source = "open('a.txt', 'w').write('x')\n"
+    if leaves_a_process:
+        source += (
+            "import subprocess, sys\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        )
+    async with Sandbox(warm_config()) as sandbox:
+        with recording() as reached:
+            await sandbox.warmed(WARM)
+            result = await sandbox.run(source + "'done'", profile=WARM)
+    points = [point for point, _ in reached]
+    assert result.error is None, result.error
+    assert result.return_value == "done"
+    # The host walks this backend's workspace: the files are there either way.
+    assert [(a.path, a.size_bytes) for a in result.artifacts] == [("a.txt", 1)]
+    if leaves_a_process:
+        # Something of the program may still write there: the result waits for the teardown.
+        assert "result handed back" not in points, points
+    else:
+        assert points.index("result handed back") < points.index("reaped"), points

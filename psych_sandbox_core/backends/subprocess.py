@@ -289,6 +289,10 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
     ) -> None:
         super().__init__(process, channel, mechanisms, cgroup)
         self._namespace = namespace
+        # A warm result may be handed back before teardown: the pipes carry exactly what the
+        # child wrote, the cgroup measures usage so far and tells whether anything the
+        # program started is left (only then are its workspace's files collected early).
+        self.early_result_ok = cgroup is not None
 
     async def terminate(self, grace_seconds: float) -> None:
         self.process.signal_group(signal.SIGTERM)
