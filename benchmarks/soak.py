@@ -6,8 +6,9 @@ output flood past the capture cap, binding calls, a cancellation at a random poi
 execution, and a program leaving files in its workspace (collected as artifacts). Each
 result is checked against the kind of failure its program must end with.
 
-Before (after a warm-up of two executions per slot, so the host's imports and caches are
-in place) and after, from the host (psych_sandbox_core.testing.census): this process's
+Before (after a warm-up Sandbox ran every kind twice and closed, so the host's imports and
+caches are in place) and after (once the soak's Sandbox closed, its pool of prepared children
+with it), from the host (psych_sandbox_core.testing.census): this process's
 descendants and the processes in its cgroups and under uids it leased, its open file
 descriptors, its temporary directories, the mounts in its namespace, its cgroups, the uid
 lease files naming it, the engine's containers labelled with it (docker), and its resident
@@ -173,15 +174,18 @@ async def soak(args: argparse.Namespace) -> int:
     async with Sandbox(config) as sandbox:
         warm = await sandbox.run("None", profile=profile)
         backend = warm.backend.id
-        for kind in list(MIX) * 2:  # every kind twice: imports, caches, pools
+        for kind in list(MIX) * 2:  # every kind twice: imports, caches
             await one(sandbox, profile, kind, rng, tools, args.timeout_seconds)
+    # Counted between two Sandboxes: a long-lived one keeps children prepared (its pool),
+    # which are the Sandbox's while it is open and must be gone once it is closed.
+    before = snapshot(profile)
+    async with Sandbox(config) as sandbox:
         # The floor: timeouts alone, one after another, in the same Sandbox.
         alone = [
             await one(sandbox, profile, "timeout", rng, tools, args.timeout_seconds)
             for _ in range(FLOOR_TIMEOUTS)
         ]
         floor = [o["overrun"] * 1000 for o in alone if "overrun" in o]
-        before = snapshot(profile)
         limiter = anyio.Semaphore(args.concurrency)
         done = 0
 
