@@ -162,6 +162,45 @@ class InterpreterOptions(BackendOptions):
             )
         return self
 
+    def child_interpreter(
+        self,
+        *,
+        reachable_by_any_uid: bool,
+        runner: str,
+        candidates: Sequence[str],
+        bound_read_only: bool,
+    ) -> ChildInterpreter:
+        """What the child runs, resolved once, at load: the configured environment's own
+        executable (see :func:`resolve_environment`), else the configured interpreter or
+        the first of ``candidates`` that works (see :func:`resolve_interpreter`)."""
+        if self.environment is not None:
+            environment = resolve_environment(
+                self.environment,
+                reachable_by_any_uid=reachable_by_any_uid,
+                runner=runner,
+                bound_read_only=bound_read_only,
+            )
+            return ChildInterpreter(environment.executable, environment.base, environment.root)
+        path = resolve_interpreter(
+            self.interpreter,
+            reachable_by_any_uid=reachable_by_any_uid,
+            candidates=candidates,
+            runner=runner,
+        )
+        return ChildInterpreter(path, path)
+
+
+@dataclass(frozen=True)
+class ChildInterpreter:
+    """The interpreter a child runs, resolved."""
+
+    #: What the child executes (an environment's bin/python3, or the interpreter itself).
+    executable: str
+    #: The interpreter binary that leads to (the executable itself, outside an environment).
+    base: str
+    #: The configured environment's directory, or None.
+    environment: str | None = None
+
 
 @dataclass(frozen=True)
 class Environment:

@@ -26,12 +26,10 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import ClassVar
 
 import anyio
 from psych_sandbox_core.backend_kit import (
     Backend,
-    BackendOptions,
     BackendRegistrar,
     BackendUnavailable,
     ConfigurationError,
@@ -43,12 +41,11 @@ from psych_sandbox_core.backend_kit import (
     Level,
     ManagedProcess,
     Mechanisms,
+    ProcessLaunched,
     child_environment,
     create_workspace,
     hookimpl,
     remove_tree,
-    resolve_environment,
-    resolve_interpreter,
 )
 
 from .seatbelt import SeatbeltPolicy, generate
@@ -73,47 +70,36 @@ class MacosOptions(InterpreterOptions):
     sandbox_exec: str = SANDBOX_EXEC
 
 
-class MacosBackend(Backend):
-    id: ClassVar[str] = "macos"
-    Options: ClassVar[type[BackendOptions]] = MacosOptions
-    #: Never isolated: memory cannot be capped and the filesystem profile is a deny-list.
-    claims: ClassVar[Level] = Level.PROCESS
-
-    def __init__(self, options: BackendOptions) -> None:
+class MacosBackend(
+    Backend[MacosOptions],
+    id="macos",
+    # Never isolated: memory cannot be capped and the filesystem profile is a deny-list.
+    claims=Level.PROCESS,
+):
+    def __init__(self, options: MacosOptions) -> None:
         super().__init__(options)
-        assert isinstance(options, MacosOptions)
-        self.settings = options
         self.interpreter: str | None = None
         self.read_roots: tuple[str, ...] = ()
         if requires_macos() is not None:
             # Installed on another platform: nothing to resolve; unavailable_reason says why.
             return
-        runner = "the program"
-        if options.environment is not None:
-            environment = resolve_environment(
-                options.environment,
-                reachable_by_any_uid=False,
-                runner=runner,
-                bound_read_only=True,
-            )
-            self.interpreter = environment.executable
-            roots = [environment.root, *interpreter_prefixes(environment.base)]
-        else:
-            self.interpreter = resolve_interpreter(
-                options.interpreter,
-                reachable_by_any_uid=False,
-                candidates=[os.path.realpath(sys.executable)],
-                runner=runner,
-            )
-            roots = list(interpreter_prefixes(self.interpreter))
+        interpreter = options.child_interpreter(
+            reachable_by_any_uid=False,
+            runner="the program",
+            candidates=[os.path.realpath(sys.executable)],
+            bound_read_only=True,
+        )
+        self.interpreter = interpreter.executable
+        environment = [] if interpreter.environment is None else [interpreter.environment]
+        roots = [*environment, *interpreter_prefixes(interpreter.base)]
         self.read_roots = tuple(dict.fromkeys(os.path.realpath(root) for root in roots))
 
     def unavailable_reason(self) -> str | None:
         reason = requires_macos()
         if reason is not None:
             return reason
-        if not os.access(self.settings.sandbox_exec, os.X_OK):
-            return f"{self.settings.sandbox_exec} is missing; it ships with macOS"
+        if not os.access(self.options.sandbox_exec, os.X_OK):
+            return f"{self.options.sandbox_exec} is missing; it ships with macOS"
         return None
 
     @staticmethod
@@ -144,7 +130,7 @@ class MacosBackend(Backend):
         try:
             profile = generate(self.policy(workspace))
             argv = [
-                self.settings.sandbox_exec,
+                self.options.sandbox_exec,
                 *profile.sandbox_exec_arguments(),
                 self.interpreter,
                 "-I",
@@ -176,19 +162,7 @@ class MacosBackend(Backend):
                 await anyio.to_thread.run_sync(remove_tree, workspace)
 
 
-class _Launched(Launched):
-    def __init__(
-        self, process: ManagedProcess, channel: InheritedSocketChannel, mechanisms: Mechanisms
-    ) -> None:
-        self.process = process
-        self.channel = channel
-        self.mechanisms = mechanisms
-        self.stdout = process.stdout
-        self.stderr = process.stderr
-
-    async def wait_exited(self) -> None:
-        await self.process.wait_exited()
-
+class _Launched(ProcessLaunched[InheritedSocketChannel]):
     async def terminate(self, grace_seconds: float) -> None:
         await self.process.terminate(grace_seconds)
 
