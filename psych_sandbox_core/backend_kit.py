@@ -18,7 +18,8 @@ What is here:
   :func:`read_some` (a failed launcher's words);
 * running it: :class:`ManagedProcess` (a local child tree: spawn, wait on a pidfd, kill,
   reap), :func:`create_workspace` and :func:`remove_tree`, interpreter resolution
-  (:meth:`InterpreterOptions.child_interpreter`, :class:`ChildInterpreter`);
+  (:meth:`InterpreterOptions.child_interpreter`, :class:`ChildInterpreter`,
+  :func:`interpreter_prefixes`);
 * separating executions: :class:`LeasedIdentityBackend` (the base of a backend that runs
   each execution as a uid of its own on a root host: it leases the uid around the launch),
   :func:`leased_identity` (that lease, swept and given back when the execution is over),
@@ -89,6 +90,7 @@ from .interpreter import (
     SYSTEM_CANDIDATES,
     ChildInterpreter,
     InterpreterOptions,
+    interpreter_prefixes,
     resolve_environment,
     resolve_interpreter,
 )
@@ -181,6 +183,7 @@ __all__ = [
     "hookimpl",
     "host_alive",
     "host_is_root",
+    "interpreter_prefixes",
     "leased_identity",
     "level_at_least",
     "make_owned_directory",

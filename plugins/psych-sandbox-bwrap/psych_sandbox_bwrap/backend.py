@@ -43,7 +43,6 @@ from psych_sandbox_core.backend_kit import (
     ExecutionIdentity,
     ExitStatus,
     InheritedSocketChannel,
-    InterpreterNotFoundError,
     InterpreterOptions,
     Launched,
     LaunchRequest,
@@ -57,6 +56,7 @@ from psych_sandbox_core.backend_kit import (
     child_environment,
     execution_cgroup,
     hookimpl,
+    interpreter_prefixes,
     wait_started,
 )
 from pydantic import Field
@@ -152,7 +152,7 @@ class BwrapBackend(
             # The environment as-is, at its own path (its pyvenv.cfg and scripts name it).
             binds.append(checked_bind(interpreter.environment, "environment"))
         # The interpreter the executable leads to.
-        binds.extend(interpreter_prefixes(interpreter.base))
+        binds.extend(interpreter_binds(interpreter.base))
         for extra in options.extra_ro_binds:
             binds.append(checked_bind(extra, "extra_ro_binds"))
         self.binds = tuple(dict.fromkeys(binds))
@@ -450,26 +450,16 @@ def _under(path: str, directory: str) -> bool:
 
 
 @lru_cache(maxsize=8)
-def interpreter_prefixes(interpreter: str) -> tuple[str, ...]:
+def interpreter_binds(interpreter: str) -> tuple[str, ...]:
     """Host directories to bind read-only so ``interpreter`` runs inside: none for one under
     /usr, else its installation prefix (e.g. a pyenv version), never anything wider."""
     if _under(interpreter, "/usr"):
         return ()
-    try:
-        completed = subprocess.run(
-            [interpreter, "-I", "-S", "-c",
-             "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"],
-            env={}, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=True,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise InterpreterNotFoundError(
-            f"interpreter {interpreter} did not run to report its prefix: {exc}"
-        ) from exc
-    prefixes: list[str] = []
-    for line in completed.stdout.decode("utf-8", "replace").splitlines():
-        prefix = os.path.realpath(line.strip())
-        if prefix and not _under(prefix, "/usr"):
-            prefixes.append(checked_bind(prefix, "interpreter prefix"))
+    prefixes = [
+        checked_bind(prefix, "interpreter prefix")
+        for prefix in interpreter_prefixes(interpreter)
+        if not _under(prefix, "/usr")
+    ]
     directory = os.path.dirname(interpreter)
     if not any(_under(directory, p) for p in prefixes) and not _under(directory, "/usr"):
         prefixes.append(checked_bind(directory, "interpreter directory"))

@@ -32,7 +32,6 @@ from psych_sandbox_core.backend_kit import (
     Backend,
     BackendRegistrar,
     BackendUnavailable,
-    ConfigurationError,
     ExitStatus,
     InheritedSocketChannel,
     InterpreterOptions,
@@ -45,6 +44,7 @@ from psych_sandbox_core.backend_kit import (
     child_environment,
     create_workspace,
     hookimpl,
+    interpreter_prefixes,
     remove_tree,
 )
 
@@ -91,7 +91,10 @@ class MacosBackend(
         )
         self.interpreter = interpreter.executable
         environment = [] if interpreter.environment is None else [interpreter.environment]
-        roots = [*environment, *interpreter_prefixes(interpreter.base)]
+        # Where the interpreter reads its library from stays readable even under a denied
+        # subtree (a home, say).
+        base = interpreter.base
+        roots = [*environment, *interpreter_prefixes(base), os.path.dirname(base)]
         self.read_roots = tuple(dict.fromkeys(os.path.realpath(root) for root in roots))
 
     def unavailable_reason(self) -> str | None:
@@ -168,37 +171,6 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
 
     async def finish(self) -> ExitStatus:
         return await self.process.kill_and_reap()
-
-
-def interpreter_prefixes(interpreter: str) -> tuple[str, ...]:
-    """The directories ``interpreter`` reads its standard library and packages from, which
-    the profile keeps readable even under a denied subtree (a home, say)."""
-    try:
-        completed = subprocess.run(
-            [
-                interpreter,
-                "-I",
-                "-S",
-                "-c",
-                "import sys; print(sys.prefix, sys.base_prefix, sys.base_exec_prefix, sep='\\n')",
-            ],
-            env={},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=30,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise ConfigurationError(
-            f"interpreter {interpreter} did not run to report its prefix: {exc}"
-        ) from exc
-    prefixes = [
-        os.path.realpath(line.strip())
-        for line in completed.stdout.decode("utf-8", "replace").splitlines()
-        if line.strip()
-    ]
-    prefixes.append(os.path.dirname(os.path.realpath(interpreter)))
-    return tuple(dict.fromkeys(prefixes))
 
 
 @hookimpl
