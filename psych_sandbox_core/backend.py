@@ -10,10 +10,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, get_args, get_origin
 
 from anyio.abc import ByteReceiveStream
 from pydantic import BaseModel, ConfigDict
+from typing_extensions import TypeVar
 
 from .channel import ChannelListener
 from .grading import Level, Mechanisms
@@ -178,7 +179,7 @@ class ProcessLaunched(Launched, Generic[Channel]):
         return None if self.cgroup is None else self.cgroup.memory_now()
 
     def before_program(self) -> bool:
-        self._before_program = None if self.cgroup is None else self.cgroup.pids() or None
+        self._before_program = None if self.cgroup is None else self.cgroup.processes() or None
         return self._before_program is not None
 
     def only_processes_from_before(self) -> bool:
@@ -186,7 +187,8 @@ class ProcessLaunched(Launched, Generic[Channel]):
         # process the program started could only pass for one of them with that very pid,
         # handed out again only once the kernel's pid counter wrapped around since.
         before = self._before_program
-        return before is not None and self.cgroup is not None and self.cgroup.pids() <= before
+        now = None if before is None or self.cgroup is None else self.cgroup.processes()
+        return before is not None and now is not None and now <= before
 
 
 @dataclass(frozen=True)
@@ -199,9 +201,24 @@ class Availability:
     grades: dict[str, str] = field(default_factory=dict)
 
 
-class Backend(ABC):
+#: A backend's own settings model, as ``self.options`` is typed. Covariant: a backend is read
+#: as a backend of any base of its options (the core knows only ``BackendOptions``).
+OptionsT = TypeVar("OptionsT", bound=BackendOptions, default=BackendOptions, covariant=True)
+
+
+class Backend(ABC, Generic[OptionsT]):
     """A way of running the bootstrap contained. Register subclasses through the
-    ``psych_sandbox_register_backends`` hook."""
+    ``psych_sandbox_register_backends`` hook.
+
+    A subclass states what is its own as class keywords, and its settings model as the type
+    argument, which also types ``self.options``::
+
+        class MyBackend(Backend[MyOptions], id="mine", claims=Level.PROCESS): ...
+
+    A subclass of a concrete backend that narrows its settings passes ``options=`` (a
+    subclass of the model it inherits). The keywords set the class attributes below, which
+    are what the core reads (a subclass may also assign them in its body).
+    """
 
     #: Identifier used in configuration and as the entry-point name.
     id: ClassVar[str]
@@ -219,8 +236,35 @@ class Backend(ABC):
     #: a resource others share, such as a remote service's execution slot.
     prepared_by_default: ClassVar[bool] = True
 
-    def __init__(self, options: BackendOptions) -> None:
-        self.options = options
+    def __init_subclass__(
+        cls,
+        *,
+        id: str | None = None,
+        options: type[BackendOptions] | None = None,
+        claims: Level | None = None,
+        runs_commands: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        options = options or _options_argument(cls)
+        if options is not None:
+            if not issubclass(options, cls.Options):
+                # self.options is typed as the inherited model: a narrower one only.
+                raise TypeError(
+                    f"{cls.__name__}: options {options.__name__} is not a subclass of "
+                    f"{cls.Options.__name__}, the settings model it inherits"
+                )
+            cls.Options = options
+        if id is not None:
+            cls.id = id
+        if claims is not None:
+            cls.claims = claims
+        if runs_commands is not None:
+            cls.runs_commands = runs_commands
+
+    def __init__(self, options: OptionsT) -> None:
+        #: The validated settings (an instance of ``Options``).
+        self.options: OptionsT = options
 
     def workspace_bytes(self) -> int | None:
         """The workspace's size cap when this backend enforces one (its ``workspace_bytes``
@@ -237,3 +281,15 @@ class Backend(ABC):
     def launch(self, request: LaunchRequest) -> AbstractAsyncContextManager[Launched]:
         """Start the child. Leaving the context tears everything down: no process, fd,
         temporary directory or mount survives it, whatever happened inside."""
+
+
+def _options_argument(cls: type[Backend[Any]]) -> type[BackendOptions] | None:
+    """The settings model ``cls`` names as its type argument (``Backend[MyOptions]``, or a
+    generic backend base's), if it names one itself."""
+    for base in cls.__dict__.get("__orig_bases__", ()):
+        origin = get_origin(base)
+        if isinstance(origin, type) and issubclass(origin, Backend):
+            for argument in get_args(base):
+                if isinstance(argument, type) and issubclass(argument, BackendOptions):
+                    return argument
+    return None

@@ -7,7 +7,8 @@ core's tests fail when a backend in its repository imports past the kit.
 
 What is here:
 
-* the contract: :class:`Backend` (subclass it), :class:`BackendOptions` (the base of its
+* the contract: :class:`Backend` (subclass it, ``Backend[MyOptions]``, stating its id, claim
+  and command mode as class keywords), :class:`BackendOptions` (the base of its
   strict settings), :class:`LaunchRequest` (one execution's bootstrap, probe targets, limits
   and environment), :class:`Launched` (what ``launch`` yields), :class:`BackendUnavailable`,
   :class:`Mechanisms` and :class:`Level`, :class:`ExitStatus`, the errors a backend raises;
@@ -16,9 +17,13 @@ What is here:
   (the bootstrap reaching the channel raced against the launcher ending) and
   :func:`read_some` (a failed launcher's words);
 * running it: :class:`ManagedProcess` (a local child tree: spawn, wait on a pidfd, kill,
-  reap), :func:`create_workspace` and :func:`remove_tree`, interpreter resolution;
-* separating executions: :func:`leased_identity` (a uid of its own per execution on a root
-  host, swept and given back when the execution is over), :class:`LeasedIdentityOptions`;
+  reap), :func:`create_workspace` and :func:`remove_tree`, interpreter resolution
+  (:meth:`InterpreterOptions.child_interpreter`, :class:`ChildInterpreter`,
+  :func:`interpreter_prefixes`);
+* separating executions: :class:`LeasedIdentityBackend` (the base of a backend that runs
+  each execution as a uid of its own on a root host: it leases the uid around the launch),
+  :func:`leased_identity` (that lease, swept and given back when the execution is over),
+  :class:`LeasedIdentityOptions`;
   :func:`execution_cgroup` (a cgroup of the execution's own: usage, caps, and the
   :class:`EmptyCgroup` proof a lease is retired with);
 * what a killed host leaves behind: :func:`make_owned_directory` (a temporary directory named
@@ -75,6 +80,7 @@ from .identity import (
     EmptyCgroup,
     ExecutionIdentity,
     IdentityRange,
+    LeasedIdentityBackend,
     LeasedIdentityOptions,
     host_is_root,
     leased_identity,
@@ -82,7 +88,9 @@ from .identity import (
 )
 from .interpreter import (
     SYSTEM_CANDIDATES,
+    ChildInterpreter,
     InterpreterOptions,
+    interpreter_prefixes,
     resolve_environment,
     resolve_interpreter,
 )
@@ -133,6 +141,7 @@ __all__ = [
     "BackendRegistrar",
     "BackendUnavailable",
     "ChannelListener",
+    "ChildInterpreter",
     "ConfigurationError",
     "EmptyCgroup",
     "ErrorKind",
@@ -149,6 +158,7 @@ __all__ = [
     "InterpreterOptions",
     "LaunchRequest",
     "Launched",
+    "LeasedIdentityBackend",
     "LeasedIdentityOptions",
     "Level",
     "LoopbackTokenChannel",
@@ -173,6 +183,7 @@ __all__ = [
     "hookimpl",
     "host_alive",
     "host_is_root",
+    "interpreter_prefixes",
     "leased_identity",
     "level_at_least",
     "make_owned_directory",

@@ -155,6 +155,18 @@ class ExecutionCgroup:
             found.update(int(line) for line in text.split() if line.isdigit())
         return found
 
+    def processes(self) -> set[int] | None:
+        """The processes in the cgroup, or None when any of its directories cannot be read
+        (an empty set is then never mistaken for an empty cgroup)."""
+        found: set[int] = set()
+        for directory in self.directories:
+            try:
+                text = (directory / "cgroup.procs").read_text()
+            except OSError:
+                return None
+            found.update(int(line) for line in text.split() if line.isdigit())
+        return found
+
     async def drain(self, deadline_seconds: float = DRAIN_SECONDS) -> bool:
         """SIGKILL everything still in the cgroup until it is empty; True once it is."""
         deadline = time.monotonic() + deadline_seconds

@@ -157,6 +157,23 @@ class Mechanisms(BaseModel):
     #: The environment is built from an allow-list.
     environment_allow_list: bool = True
 
+    @classmethod
+    def boundary(cls, *, memory_cgroup: bool, pids_cgroup: bool) -> Mechanisms:
+        """A boundary that shares nothing with the host (a container, or namespaces of every
+        kind): a filesystem, network, IPC and process tree of its own, the program as an
+        unprivileged identity, and no process group needed. The caps it enforces from
+        outside are the caller's to state: only those actually applied."""
+        return cls(
+            filesystem_boundary=True,
+            network_namespace=True,
+            ipc_namespace=True,
+            process_tree_boundary=True,
+            process_group=False,
+            unprivileged_identity=True,
+            memory_cgroup=memory_cgroup,
+            pids_cgroup=pids_cgroup,
+        )
+
 
 def _limit(report: ContainmentReport, name: str) -> tuple[int, int] | None:
     for item in report.limits:

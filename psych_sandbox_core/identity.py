@@ -33,16 +33,18 @@ import os
 import stat
 import sys
 import tempfile
+from abc import abstractmethod
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Annotated, final
+from typing import Annotated, Any, ClassVar, final
 
 import anyio
 from pydantic import Field
+from typing_extensions import TypeVar
 
-from .backend import BackendOptions, BackendUnavailable
+from .backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
 from .errors import ConfigurationError
 from .phases import mark
 from .sweep import sweep
@@ -218,6 +220,67 @@ async def leased_identity(
     finally:
         await held.retire(identity._proof)
         mark("identity retired")
+
+
+LeasedOptionsT = TypeVar(
+    "LeasedOptionsT", bound=LeasedIdentityOptions, default=LeasedIdentityOptions, covariant=True
+)
+
+
+class LeasedIdentityBackend(Backend[LeasedOptionsT], options=LeasedIdentityOptions):
+    """A backend whose executions each run as a host uid of their own on a root host.
+
+    It leases the identity around the launch, so the uid is held before anything runs as it
+    and retired (swept, then given back) once the whole tree is gone; a subclass implements
+    :meth:`launch_as` and starts the child as the identity it is given. A subclass that
+    offers a pair of settings for one identity every execution shares instead (the weaker
+    choice) names them with the ``shared_identity=("my_uid", "my_gid")`` class keyword.
+    """
+
+    #: The (uid, gid) settings naming the identity every execution shares, if offered.
+    shared_identity: ClassVar[tuple[str, str] | None] = None
+
+    def __init_subclass__(
+        cls, *, shared_identity: tuple[str, str] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if shared_identity is not None:
+            cls.shared_identity = shared_identity
+
+    def __init__(self, options: LeasedOptionsT) -> None:
+        super().__init__(options)
+        self.is_root = host_is_root()
+        #: Executions run as an identity other than the host's: only a root host can start a
+        #: child as another uid, and the lease's sweep reads Linux's process and IPC tables.
+        self.drops_identity = self.is_root and sys.platform.startswith("linux")
+        #: The identity the deployment configured for every execution, or None (a subclass
+        #: whose children cannot take it here sets it to None).
+        self.fixed_identity = (
+            options.fixed_identity(*self.shared_identity) if self.shared_identity else None
+        )
+        self.identities = options.leasable_range(
+            leases=self.drops_identity and self.fixed_identity is None
+        )
+
+    @asynccontextmanager
+    async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
+        # Whatever still runs as the uid, and whatever it left on the host without a
+        # process, goes before the uid is reused: leaving the lease sweeps it.
+        async with (
+            leased_identity(
+                self.identities, lease=self.drops_identity, fixed=self.fixed_identity
+            ) as identity,
+            self.launch_as(request, identity) as launched,
+        ):
+            yield launched
+
+    @abstractmethod
+    def launch_as(
+        self, request: LaunchRequest, identity: ExecutionIdentity
+    ) -> AbstractAsyncContextManager[Launched]:
+        """Start the child as ``identity`` (its ``ids`` are None where the execution runs as
+        no identity of its own). As ``launch``: leaving tears everything down, and the
+        whole tree must be gone by then, since the lease is retired next."""
 
 
 @dataclass(frozen=True)

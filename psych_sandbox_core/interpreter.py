@@ -17,9 +17,11 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
@@ -80,6 +82,34 @@ def resolve_interpreter(
         f"no Python interpreter that {runner} can run was found; set 'interpreter' in the "
         "profile to a world-executable python3 (3.10 or newer), e.g. /usr/bin/python3"
     )
+
+
+@lru_cache(maxsize=8)
+def interpreter_prefixes(interpreter: str) -> tuple[str, ...]:
+    """Where ``interpreter`` reads its standard library and packages from: its prefixes
+    (``sys.prefix``, ``base_prefix``, ``base_exec_prefix``) as real paths, asked of the
+    interpreter itself, for a backend that shows its child only part of the host's files."""
+    try:
+        completed = subprocess.run(
+            [
+                interpreter,
+                "-I",
+                "-S",
+                "-c",
+                "import sys; print(sys.prefix, sys.base_prefix, sys.base_exec_prefix, sep='\\n')",
+            ],
+            env={},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise InterpreterNotFoundError(
+            f"interpreter {interpreter} did not run to report its prefix: {exc}"
+        ) from exc
+    lines = completed.stdout.decode("utf-8", "replace").splitlines()
+    return tuple(dict.fromkeys(os.path.realpath(line.strip()) for line in lines if line.strip()))
 
 
 def reachable_by_others(path: str) -> bool:
@@ -161,6 +191,45 @@ class InterpreterOptions(BackendOptions):
                 "set either 'interpreter' or 'environment' (whose own python runs), not both"
             )
         return self
+
+    def child_interpreter(
+        self,
+        *,
+        reachable_by_any_uid: bool,
+        runner: str,
+        candidates: Sequence[str],
+        bound_read_only: bool,
+    ) -> ChildInterpreter:
+        """What the child runs, resolved once, at load: the configured environment's own
+        executable (see :func:`resolve_environment`), else the configured interpreter or
+        the first of ``candidates`` that works (see :func:`resolve_interpreter`)."""
+        if self.environment is not None:
+            environment = resolve_environment(
+                self.environment,
+                reachable_by_any_uid=reachable_by_any_uid,
+                runner=runner,
+                bound_read_only=bound_read_only,
+            )
+            return ChildInterpreter(environment.executable, environment.base, environment.root)
+        path = resolve_interpreter(
+            self.interpreter,
+            reachable_by_any_uid=reachable_by_any_uid,
+            candidates=candidates,
+            runner=runner,
+        )
+        return ChildInterpreter(path, path)
+
+
+@dataclass(frozen=True)
+class ChildInterpreter:
+    """The interpreter a child runs, resolved."""
+
+    #: What the child executes (an environment's bin/python3, or the interpreter itself).
+    executable: str
+    #: The interpreter binary that leads to (the executable itself, outside an environment).
+    base: str
+    #: The configured environment's directory, or None.
+    environment: str | None = None
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ import os
 import random
 import select
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -19,10 +21,17 @@ import pytest
 import psych_sandbox_core
 from psych_sandbox_core import backend_kit, identity
 from psych_sandbox_core.backend_kit import (
+    Backend,
+    BackendOptions,
     BackendUnavailable,
+    ExecutionIdentity,
     ExitStatus,
     IdentityRange,
     Launched,
+    LaunchRequest,
+    LeasedIdentityBackend,
+    LeasedIdentityOptions,
+    Level,
     ManagedProcess,
     Mechanisms,
     leased_identity,
@@ -158,6 +167,54 @@ def test_every_name_of_the_kit_resolves_and_is_documented() -> None:
     assert "Compatibility policy" in (backend_kit.__doc__ or "")
 
 
+# ---------------------------------------------------------------- declaring a backend
+
+
+class _Options(BackendOptions):
+    size: int = 1
+
+
+class _Narrower(_Options):
+    colour: str = "red"
+
+
+class _Declared(Backend[_Options], id="declared", claims=Level.PROCESS, runs_commands=True):
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def launch(self, request: LaunchRequest) -> Any:
+        raise NotImplementedError
+
+
+def test_a_backend_declares_itself_in_its_class_statement() -> None:
+    assert (_Declared.id, _Declared.claims, _Declared.runs_commands) == (
+        "declared",
+        Level.PROCESS,
+        True,
+    )
+    # The type argument is the settings model the core validates a profile's options with.
+    assert _Declared.Options is _Options
+    assert _Declared(_Options(size=3)).options.size == 3
+
+    class Narrowed(_Declared, id="narrowed", options=_Narrower):
+        pass
+
+    assert (Narrowed.Options, Narrowed.claims, Narrowed.runs_commands) == (
+        _Narrower,
+        Level.PROCESS,
+        True,
+    )
+    assert _Declared.Options is _Options and _Declared.id == "declared"
+
+
+def test_a_subclass_cannot_swap_its_settings_for_unrelated_ones() -> None:
+    # self.options is typed as the inherited model: only a narrower one keeps that true.
+    with pytest.raises(TypeError, match="not a subclass of _Options"):
+
+        class Swapped(_Declared, options=BackendOptions):
+            pass
+
+
 # ---------------------------------------------------------------- leased_identity
 
 
@@ -233,6 +290,48 @@ async def test_a_fixed_identity_or_none_leases_nothing(
     async with leased_identity(unused, lease=False) as none:
         assert none.ids is None and not none.exclusive
     assert sweeps == []
+
+
+class _LeasingOptions(LeasedIdentityOptions):
+    shared_uid: int | None = None
+    shared_gid: int | None = None
+
+
+class _Leasing(
+    LeasedIdentityBackend[_LeasingOptions],
+    id="leasing",
+    claims=Level.PROCESS,
+    shared_identity=("shared_uid", "shared_gid"),
+):
+    """Launches nothing: records the identity each launch ran as."""
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    @asynccontextmanager
+    async def launch_as(
+        self, request: LaunchRequest, identity: ExecutionIdentity
+    ) -> AsyncIterator[Launched]:
+        self.seen = identity
+        yield None  # type: ignore[misc]  # nothing is launched: the lease is under test
+
+
+@pytest.mark.anyio
+async def test_a_leasing_backend_launches_inside_a_lease_of_its_own(
+    one_uid: IdentityRange, sweeps: list[tuple[int, bool]]
+) -> None:
+    range_options = {"identity_first_uid": one_uid.first, "identity_count": one_uid.count}
+    backend = _Leasing(_LeasingOptions(**range_options))
+    request: Any = None
+    async with backend.launch(request):
+        assert backend.seen.ids == (one_uid.first, one_uid.first) and backend.seen.exclusive
+        assert sweeps == []
+    assert sweeps == [(one_uid.first, True)]
+    # With the shared pair of settings set, every launch runs as that one identity, unleased.
+    shared = _Leasing(_LeasingOptions(**range_options, shared_uid=65534, shared_gid=65534))
+    async with shared.launch(request):
+        assert shared.seen.ids == (65534, 65534) and not shared.seen.exclusive
+    assert sweeps == [(one_uid.first, True)]
 
 
 # ---------------------------------------------------------------- wait_started

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from psych_sandbox_core.identity import DEFAULT_COUNT, DEFAULT_FIRST_UID
-from psych_sandbox_core.testing.host import host_processes, kill_by_pidfd, marker, pids_with
+from psych_sandbox_core.testing.host import (
+    host_processes,
+    kill_by_pidfd,
+    marker,
+    names_another_host,
+    pids_with,
+)
 
 #: A real backend (the subprocess backend, subclassed) whose teardown starts a helper daemon
 #: that double-forks, calls setsid(), ignores SIGTERM and is never stopped.
@@ -299,3 +305,13 @@ def test_a_process_left_under_an_unleased_uid_of_the_range_fails_the_suite_and_i
     finally:
         _kill_marked(mark)
         _kill_marked(spawner)
+
+
+def test_a_cgroup_named_for_another_host_process_is_not_this_ones() -> None:
+    # Per-execution cgroups carry their host's owner tag, <pid>.<start time>: another test
+    # run's (a second worker's) are left to it, however they are nested.
+    me = os.getpid()
+    for name in (f"{me + 1}.{99}-0a1b2c", f"psych-sandbox-bwrap-{me + 1}.7-ab", f"{me + 1}-5-ff"):
+        assert names_another_host(f"/sys/fs/cgroup/memory/psych-sandbox/{name}", me), name
+    for name in (f"{me}.{99}-0a1b2c", f"psych-sandbox-bwrap-{me}.7-ab", "plain-name"):
+        assert not names_another_host(f"/sys/fs/cgroup/memory/psych-sandbox/{name}", me), name

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from psych_sandbox_core import Sandbox
+from psych_sandbox_core import Sandbox, cgroups
 from psych_sandbox_core.doctor import diagnose
 from psych_sandbox_core.profiles import DeploymentConfig
 from psych_sandbox_core.registry import BackendRegistry
@@ -31,6 +31,11 @@ def _pip(*args: str) -> None:
         timeout=110,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+#: One worker runs this whole file: the example is installed into the environment for the
+#: session and removed after it, which a second worker's fixture would do under this one.
+pytestmark = pytest.mark.xdist_group("example-installed")
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +99,9 @@ class TestExampleConformance(BackendConformance):
     backend = "example"
     level = "process"
     environment = frozenset({"TMPDIR"})
+    # The subprocess backend's launch, early results included (where executions get a
+    # cgroup of their own).
+    early_result = os.geteuid() == 0 and isinstance(cgroups.detect(), cgroups.CgroupHost)
 
     # Its limits are the subprocess mechanism's own, timed out in test_conformance.py already.
     test_cpu_loop_is_a_timeout = None  # type: ignore[assignment]

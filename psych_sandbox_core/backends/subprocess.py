@@ -29,23 +29,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from functools import lru_cache
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 import anyio
 from pydantic import Field
 
 from ..backend_kit import (
     SYSTEM_CANDIDATES,
-    Backend,
-    BackendOptions,
     BackendRegistrar,
     BackendUnavailable,
     ExecutionCgroup,
+    ExecutionIdentity,
     ExitStatus,
     InheritedSocketChannel,
     InterpreterOptions,
     Launched,
     LaunchRequest,
+    LeasedIdentityBackend,
     LeasedIdentityOptions,
     Level,
     ManagedProcess,
@@ -56,12 +56,8 @@ from ..backend_kit import (
     create_workspace,
     execution_cgroup,
     hookimpl,
-    host_is_root,
-    leased_identity,
     mark,
     remove_tree,
-    resolve_environment,
-    resolve_interpreter,
 )
 
 # The one mechanism of this backend's own: a pid namespace whose init it holds by a pidfd.
@@ -88,42 +84,26 @@ class SubprocessOptions(LeasedIdentityOptions, InterpreterOptions):
     use_namespaces: bool = True
 
 
-class SubprocessBackend(Backend):
-    id: ClassVar[str] = "subprocess"
-    Options: ClassVar[type[BackendOptions]] = SubprocessOptions
-    claims: ClassVar[Level] = Level.PROCESS
-    #: Commands run in the same child as programs (command mode).
-    runs_commands: ClassVar[bool] = True
+class SubprocessBackend(
+    LeasedIdentityBackend[SubprocessOptions],
+    id="subprocess",
+    claims=Level.PROCESS,
+    # Commands run in the same child as programs (command mode).
+    runs_commands=True,
+    shared_identity=("drop_to_uid", "drop_to_gid"),
+):
+    # The bootstrap drops to the execution's identity itself (drops_identity: a root host).
 
-    def __init__(self, options: BackendOptions) -> None:
+    def __init__(self, options: SubprocessOptions) -> None:
         super().__init__(options)
-        assert isinstance(options, SubprocessOptions)
-        self.settings = options
-        self.is_root = host_is_root()
-        # The bootstrap drops the identity itself (Linux); elsewhere none is claimed.
-        linux = sys.platform.startswith("linux")
-        self.drops_identity = self.is_root and linux
-        self.fixed_identity = options.fixed_identity("drop_to_uid", "drop_to_gid")
-        self.identities = options.leasable_range(
-            leases=self.drops_identity and self.fixed_identity is None
-        )
         # Resolved once, at load: a name that cannot be resolved fails configuration now.
-        runner = "the unprivileged uid the program runs as"
-        if options.environment is not None:
-            self.interpreter = resolve_environment(
-                options.environment,
-                reachable_by_any_uid=self.drops_identity,
-                runner=runner,
-                bound_read_only=False,
-            ).executable
-        else:
-            self.interpreter = resolve_interpreter(
-                options.interpreter,
-                reachable_by_any_uid=self.drops_identity,
-                # The host's own interpreter first (same version), then the system's.
-                candidates=[os.path.realpath(sys.executable), *SYSTEM_CANDIDATES],
-                runner=runner,
-            )
+        self.interpreter = options.child_interpreter(
+            reachable_by_any_uid=self.drops_identity,
+            runner="the unprivileged uid the program runs as",
+            # The host's own interpreter first (same version), then the system's.
+            candidates=[os.path.realpath(sys.executable), *SYSTEM_CANDIDATES],
+            bound_read_only=False,
+        ).executable
         self.namespaces = (
             namespace_flags(self.interpreter, self.is_root)
             if options.use_namespaces and sys.platform.startswith("linux")
@@ -162,22 +142,12 @@ class SubprocessBackend(Backend):
         )
 
     @asynccontextmanager
-    async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
-        # Whatever still runs as this execution's uid, and whatever it left on the host without
-        # a process, goes before the uid is reused (leaving the lease sweeps it). Always: a pid
-        # namespace is no proof that nothing runs under the uid elsewhere.
-        async with (
-            leased_identity(
-                self.identities, lease=self.drops_identity, fixed=self.fixed_identity
-            ) as identity,
-            self._launch(request, identity.ids, exclusive=identity.exclusive) as launched,
-        ):
-            yield launched
-
-    @asynccontextmanager
-    async def _launch(
-        self, request: LaunchRequest, identity: tuple[int, int] | None, *, exclusive: bool
+    async def launch_as(
+        self, request: LaunchRequest, leased: ExecutionIdentity
     ) -> AsyncIterator[Launched]:
+        # The lease is swept always: a pid namespace is no proof that nothing runs under the
+        # uid elsewhere.
+        identity = leased.ids
         workspace = create_workspace(identity)
         channel = InheritedSocketChannel()
         process: ManagedProcess | None = None
@@ -237,7 +207,7 @@ class SubprocessBackend(Backend):
                         f"{INIT_REPORT_SECONDS:g} s"
                     ) from None
             mechanisms = self.mechanisms()
-            if exclusive:
+            if leased.exclusive:
                 # A leased uid is this execution's alone; a fixed drop_to_uid is every one's.
                 mechanisms = mechanisms.model_copy(update={"exclusive_identity": True})
             if report is not None and namespace is None:

@@ -364,11 +364,13 @@ def cgroups_left(
 def names_another_host(path: str, me: int) -> bool:
     """Whether a component of ``path`` is named for a process other than ``me``: it has
     dash-separated decimal tokens and ``me`` is not one of them. This project's backends name
-    every per-execution cgroup with the pid of the host process that made it (docker:
-    ``<pid>-<start>-<id>``, bwrap: ``psych-sandbox-bwrap-<pid>-<id>``), so on a host shared
+    every per-execution cgroup with the pid of the host process that made it (its owner tag,
+    ``<pid>.<start>``, as in ``<pid>.<start>-<id>``), so on a host shared
     with another test run, what that run leaves is not blamed on this one."""
     for component in Path(path).parts:
-        numbers = {token for token in component.split("-") if token.isdigit()}
+        # An owner tag is ``<pid>.<start time>`` (temp_dirs.owner_tag): both numbers count.
+        tokens = component.replace(".", "-").split("-")
+        numbers = {token for token in tokens if token.isdigit()}
         if numbers and str(me) not in numbers:
             return True
     return False

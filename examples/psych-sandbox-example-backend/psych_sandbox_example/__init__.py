@@ -7,10 +7,7 @@ grades its mechanisms against what the child observes.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from psych_sandbox_core.backend_kit import (
-    BackendOptions,
     BackendRegistrar,
     Level,
     SubprocessBackend,
@@ -23,11 +20,15 @@ class ExampleOptions(SubprocessOptions):
     """The backend's own settings: strict, unknown keys rejected (inherited)."""
 
 
-class ExampleBackend(SubprocessBackend):
-    id: ClassVar[str] = "example"
-    Options: ClassVar[type[BackendOptions]] = ExampleOptions
+class ExampleBackend(
+    SubprocessBackend,
+    id="example",
+    # A narrower settings model than the one inherited.
+    options=ExampleOptions,
     # What this backend aims for; a report that comes back weaker gets its output withheld.
-    claims: ClassVar[Level] = Level.PROCESS
+    claims=Level.PROCESS,
+):
+    """The subprocess mechanism under another id."""
 
 
 @hookimpl

@@ -30,13 +30,11 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from functools import lru_cache
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 import anyio
 from psych_sandbox_core.backend_kit import (
     SYSTEM_CANDIDATES,
-    Backend,
-    BackendOptions,
     BackendRegistrar,
     BackendUnavailable,
     ConfigurationError,
@@ -45,10 +43,10 @@ from psych_sandbox_core.backend_kit import (
     ExecutionIdentity,
     ExitStatus,
     InheritedSocketChannel,
-    InterpreterNotFoundError,
     InterpreterOptions,
     Launched,
     LaunchRequest,
+    LeasedIdentityBackend,
     LeasedIdentityOptions,
     Level,
     ManagedProcess,
@@ -58,10 +56,7 @@ from psych_sandbox_core.backend_kit import (
     child_environment,
     execution_cgroup,
     hookimpl,
-    host_is_root,
-    leased_identity,
-    resolve_environment,
-    resolve_interpreter,
+    interpreter_prefixes,
     wait_started,
 )
 from pydantic import Field
@@ -130,45 +125,34 @@ class BwrapOptions(LeasedIdentityOptions, InterpreterOptions):
     extra_ro_binds: list[str] = Field(default_factory=list)
 
 
-class BwrapBackend(Backend):
-    id: ClassVar[str] = "bwrap"
-    Options: ClassVar[type[BackendOptions]] = BwrapOptions
-    claims: ClassVar[Level] = Level.ISOLATED
-    #: Commands run in the same child as programs (command mode).
-    runs_commands: ClassVar[bool] = True
+class BwrapBackend(
+    LeasedIdentityBackend[BwrapOptions], id="bwrap", claims=Level.ISOLATED,
+    # Commands run in the same child as programs (command mode).
+    runs_commands=True, shared_identity=("host_uid", "host_gid"),
+):
+    # A root host drops bwrap to a leased identity, or to the one configured; elsewhere bwrap
+    # runs as the host's own uid.
 
-    def __init__(self, options: BackendOptions) -> None:
+    def __init__(self, options: BwrapOptions) -> None:
         super().__init__(options)
-        assert isinstance(options, BwrapOptions)
-        self.settings = options
-        self.is_root = host_is_root()
-        #: A root host drops bwrap to a leased identity, or to the one configured.
-        self.fixed_runner = options.fixed_identity("host_uid", "host_gid")
-        self.identities = options.leasable_range(
-            leases=self.is_root and self.fixed_runner is None
-        )
+        if not self.drops_identity:
+            # Only root starts bwrap as another uid: a configured one cannot apply here.
+            self.fixed_identity = None
         self.bwrap = shutil.which(options.bwrap) if sys.platform.startswith("linux") else None
-        runner = "the unprivileged host uid that runs bubblewrap"
+        interpreter = options.child_interpreter(
+            reachable_by_any_uid=self.is_root,
+            runner="the unprivileged host uid that runs bubblewrap",
+            # The system's own interpreter first: /usr is bound anyway, so no bind.
+            candidates=[*SYSTEM_CANDIDATES, os.path.realpath(sys.executable)],
+            bound_read_only=True,
+        )
+        self.interpreter = interpreter.executable
         binds: list[str] = []
-        if options.environment is not None:
-            environment = resolve_environment(
-                options.environment, reachable_by_any_uid=self.is_root, runner=runner,
-                bound_read_only=True,
-            )
-            # The environment as-is, at its own path (its pyvenv.cfg and scripts name it),
-            # and the interpreter it leads to.
-            self.interpreter = environment.executable
-            binds.append(checked_bind(environment.root, "environment"))
-            binds.extend(interpreter_prefixes(environment.base))
-        else:
-            self.interpreter = resolve_interpreter(
-                options.interpreter,
-                reachable_by_any_uid=self.is_root,
-                # The system's own interpreter first: /usr is bound anyway, so no bind.
-                candidates=[*SYSTEM_CANDIDATES, os.path.realpath(sys.executable)],
-                runner=runner,
-            )
-            binds.extend(interpreter_prefixes(self.interpreter))
+        if interpreter.environment is not None:
+            # The environment as-is, at its own path (its pyvenv.cfg and scripts name it).
+            binds.append(checked_bind(interpreter.environment, "environment"))
+        # The interpreter the executable leads to.
+        binds.extend(interpreter_binds(interpreter.base))
         for extra in options.extra_ro_binds:
             binds.append(checked_bind(extra, "extra_ro_binds"))
         self.binds = tuple(dict.fromkeys(binds))
@@ -178,19 +162,13 @@ class BwrapBackend(Backend):
             return "bubblewrap needs Linux namespaces"
         if self.bwrap is None:
             return (
-                f"bubblewrap ({self.settings.bwrap!r}) is not on PATH; install it "
+                f"bubblewrap ({self.options.bwrap!r}) is not on PATH; install it "
                 "(e.g. apt-get install bubblewrap)"
             )
         return None
 
     def mechanisms(self, cgroup: ExecutionCgroup | None = None) -> Mechanisms:
-        return Mechanisms(
-            filesystem_boundary=True,
-            network_namespace=True,
-            ipc_namespace=True,
-            process_tree_boundary=True,
-            process_group=False,
-            unprivileged_identity=True,
+        return Mechanisms.boundary(
             # Only caps that were actually written to the execution's cgroup.
             memory_cgroup=cgroup is not None and cgroup.memory_limited,
             pids_cgroup=cgroup is not None and cgroup.pids_limited,
@@ -201,7 +179,7 @@ class BwrapBackend(Backend):
         memory = request.limits.memory_bytes
         if memory is None:
             return None
-        s = self.settings
+        s = self.options
         return memory + s.workspace_bytes + s.tmp_bytes + s.shm_bytes + MEMORY_CGROUP_HEADROOM
 
     async def execution_cgroup(self, request: LaunchRequest) -> ExecutionCgroup | None:
@@ -215,7 +193,7 @@ class BwrapBackend(Backend):
     def command(self, request: LaunchRequest, channel_spec: str, info_fd: int) -> list[str]:
         """The bwrap command line for one execution."""
         assert self.bwrap is not None
-        s = self.settings
+        s = self.options
         argv = [
             self.bwrap,
             "--unshare-all",
@@ -273,21 +251,11 @@ class BwrapBackend(Backend):
         return argv + bootstrap_argv(self.interpreter, request, channel_spec)
 
     @asynccontextmanager
-    async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
-        if self.bwrap is None:
-            raise BackendUnavailable(self.unavailable_reason() or "bubblewrap is missing")
-        # A root host drops bwrap to a uid leased for the execution, or the one configured.
-        async with leased_identity(
-            self.identities, lease=self.is_root,
-            fixed=self.fixed_runner if self.is_root else None,
-        ) as identity, self._launch(request, identity) as launched:
-            yield launched
-
-    @asynccontextmanager
-    async def _launch(
+    async def launch_as(
         self, request: LaunchRequest, identity: ExecutionIdentity
     ) -> AsyncIterator[Launched]:
-        assert self.bwrap is not None
+        if self.bwrap is None:
+            raise BackendUnavailable(self.unavailable_reason() or "bubblewrap is missing")
         channel = InheritedSocketChannel()
         info_read, info_write = os.pipe()
         process: ManagedProcess | None = None
@@ -528,26 +496,16 @@ def _under(path: str, directory: str) -> bool:
 
 
 @lru_cache(maxsize=8)
-def interpreter_prefixes(interpreter: str) -> tuple[str, ...]:
+def interpreter_binds(interpreter: str) -> tuple[str, ...]:
     """Host directories to bind read-only so ``interpreter`` runs inside: none for one under
     /usr, else its installation prefix (e.g. a pyenv version), never anything wider."""
     if _under(interpreter, "/usr"):
         return ()
-    try:
-        completed = subprocess.run(
-            [interpreter, "-I", "-S", "-c",
-             "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"],
-            env={}, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=True,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise InterpreterNotFoundError(
-            f"interpreter {interpreter} did not run to report its prefix: {exc}"
-        ) from exc
-    prefixes: list[str] = []
-    for line in completed.stdout.decode("utf-8", "replace").splitlines():
-        prefix = os.path.realpath(line.strip())
-        if prefix and not _under(prefix, "/usr"):
-            prefixes.append(checked_bind(prefix, "interpreter prefix"))
+    prefixes = [
+        checked_bind(prefix, "interpreter prefix")
+        for prefix in interpreter_prefixes(interpreter)
+        if not _under(prefix, "/usr")
+    ]
     directory = os.path.dirname(interpreter)
     if not any(_under(directory, p) for p in prefixes) and not _under(directory, "/usr"):
         prefixes.append(checked_bind(directory, "interpreter directory"))

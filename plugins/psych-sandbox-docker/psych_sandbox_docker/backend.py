@@ -28,13 +28,11 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteStream
 from psych_sandbox_core.backend_kit import (
-    Backend,
-    BackendOptions,
     BackendRegistrar,
     BackendUnavailable,
     ConfigurationError,
@@ -43,6 +41,7 @@ from psych_sandbox_core.backend_kit import (
     ExitStatus,
     Launched,
     LaunchRequest,
+    LeasedIdentityBackend,
     LeasedIdentityOptions,
     Level,
     Mechanisms,
@@ -50,8 +49,6 @@ from psych_sandbox_core.backend_kit import (
     bootstrap_argv,
     child_environment,
     hookimpl,
-    host_is_root,
-    leased_identity,
     make_owned_directory,
     mark,
     remove_tree,
@@ -151,23 +148,23 @@ class GvisorOptions(DockerOptions):
         return value
 
 
-class DockerBackend(Backend):
-    id: ClassVar[str] = "docker"
-    Options: ClassVar[type[BackendOptions]] = DockerOptions
-    claims: ClassVar[Level] = Level.ISOLATED
-    #: Commands run in the same child as programs (command mode).
-    runs_commands: ClassVar[bool] = True
+class DockerBackend(
+    LeasedIdentityBackend[DockerOptions], id="docker", claims=Level.ISOLATED,
+    # Commands run in the same child as programs (command mode).
+    runs_commands=True, shared_identity=("container_uid", "container_gid"),
+):
+    # Only a root host can lease (the lock directory is root's) and give the control socket
+    # to the container's uid; a rootless one runs every container as nobody, or as the
+    # identity configured.
 
-    def __init__(self, options: BackendOptions) -> None:
-        super().__init__(options)
-        assert isinstance(options, DockerOptions)
+    def __init__(self, options: DockerOptions) -> None:
         if sys.platform == "win32":
             # The channel is a Unix socket bind-mounted into a Linux container; a Windows
             # host cannot offer that, and nothing weaker is substituted.
             raise ConfigurationError(
                 f"the {self.id} backend does not run on a Windows host; run the host on Linux"
             )
-        self.settings = options
+        super().__init__(options)
         detected = eng.detect_engine(options.engine)
         self.engine: str = detected[0] if detected else (options.engine or "docker")
         self.cli: str | None = detected[1] if detected else None
@@ -176,13 +173,6 @@ class DockerBackend(Backend):
         self.socket_path = api.engine_socket(self.engine)
         self.client = (
             api.EngineClient(self.socket_path) if self.socket_path is not None else None
-        )
-        self.is_root = host_is_root()
-        self.fixed_identity = options.fixed_identity("container_uid", "container_gid")
-        #: Only a root host can lease (the lock directory is root's) and give the control
-        #: socket to the container's uid; a rootless one runs every container as nobody.
-        self.identities = options.leasable_range(
-            leases=self.is_root and self.fixed_identity is None
         )
         #: The host's copy of the interpreter the image is built from: the physical floor a
         #: benchmark compares against.
@@ -208,7 +198,7 @@ class DockerBackend(Backend):
             return "the control socket is bind-mounted into the container: needs a Linux host"
         if self.cli is None:
             return (
-                f"no container engine CLI ({self.settings.engine or 'docker or podman'}) on PATH; "
+                f"no container engine CLI ({self.options.engine or 'docker or podman'}) on PATH; "
                 "install one (e.g. apt-get install docker.io) and start the engine"
             )
         if self.socket_path is None:
@@ -218,15 +208,15 @@ class DockerBackend(Backend):
             )
         try:
             inspected = self._engine("image", "inspect", "--format", "{{.Id}}",
-                                     self.settings.image)
+                                     self.options.image)
         except (OSError, subprocess.SubprocessError) as exc:
             return f"the {self.engine} engine did not answer: {exc}"
         if inspected.returncode != 0:
             err = inspected.stderr.strip()
             if "no such image" in err.lower() or "image not known" in err.lower():
-                return image_missing(self.settings.image, self.engine)
+                return image_missing(self.options.image, self.engine)
             return f"the {self.engine} engine did not answer: {err or 'no reason given'}"
-        if self.settings.runtime == "runsc" and self.engine == "docker":
+        if self.options.runtime == "runsc" and self.engine == "docker":
             info = self._engine("info", "--format", "{{json .Runtimes}}")
             try:
                 runtimes = json.loads(info.stdout or "{}") or {}
@@ -245,24 +235,18 @@ class DockerBackend(Backend):
         assert self.cli is not None
         return [
             self.cli, "run", "--rm", "--pull", "never", "--network", "none",
-            "--runtime", self.settings.runtime, self.settings.image,
+            "--runtime", self.options.runtime, self.options.image,
             INTERPRETER, "-I", "-c", "print(2+2)",
         ]
 
     # ------------------------------------------------------------------ mechanisms and container
 
     def mechanisms(self, limits_memory: bool) -> Mechanisms:
-        return Mechanisms(
-            filesystem_boundary=True,
-            network_namespace=True,
-            ipc_namespace=True,
-            process_tree_boundary=True,
-            process_group=False,
-            unprivileged_identity=True,
+        return Mechanisms.boundary(
             memory_cgroup=limits_memory,
             # Under runsc the cgroup counts gVisor's host tasks, not the program's processes:
             # the guest's RLIMIT_NPROC is the limit there, graded as the rlimit it is.
-            pids_cgroup=self.settings.runtime == "runc",
+            pids_cgroup=self.options.runtime == "runc",
         )
 
     def create_request(
@@ -277,7 +261,7 @@ class DockerBackend(Backend):
     ) -> dict[str, object]:
         """The engine API's container-create body for one execution (what ``docker run``'s
         hardening flags amount to)."""
-        s = self.settings
+        s = self.options
         limits = request.limits
         runsc = s.runtime == "runsc"
         uid, gid = identity
@@ -336,23 +320,14 @@ class DockerBackend(Backend):
     # ------------------------------------------------------------------ launch
 
     @asynccontextmanager
-    async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
-        if self.client is None:
-            raise BackendUnavailable(self.unavailable_reason() or "no container engine")
-        # After the container's removal nothing should run as its uid; whatever does (unless
-        # the removed cgroup parent proves there is none), and whatever it left on the host,
-        # goes before the uid can go to another execution: leaving the lease sweeps it.
-        async with leased_identity(
-            self.identities, lease=self.is_root, fixed=self.fixed_identity
-        ) as identity, self._launch(request, identity) as launched:
-            yield launched
-
-    @asynccontextmanager
-    async def _launch(
+    async def launch_as(
         self, request: LaunchRequest, leased: ExecutionIdentity
     ) -> AsyncIterator[Launched]:
-        assert self.client is not None
+        # After the container's removal nothing should run as its uid; whatever does is swept
+        # with the lease, unless the removed cgroup parent proves there is none.
         client = self.client
+        if client is None:
+            raise BackendUnavailable(self.unavailable_reason() or "no container engine")
         await self._remove_unremoved(client)
         #: A rootless host runs every container as nobody.
         identity = leased.ids or (NOBODY, NOBODY)
@@ -610,7 +585,7 @@ class _Container(Launched):
         except api.EngineStatusError as exc:
             if exc.status == 404 or "no such image" in exc.message.lower():
                 raise BackendUnavailable(
-                    image_missing(self.backend.settings.image, engine)
+                    image_missing(self.backend.options.image, engine)
                 ) from exc
             raise BackendUnavailable(
                 f"the {engine} engine could not create the container: {exc.message}"
@@ -787,7 +762,7 @@ class _Container(Launched):
             sig = code - 128
         elif (
             code == RUNSC_CRASHED
-            and self.backend.settings.runtime == "runsc"
+            and self.backend.options.runtime == "runsc"
             and not self._killed
         ):
             hint = (
@@ -858,12 +833,9 @@ def _reap_once(cli: str, engine: str) -> None:
     eng.reap_orphans(engine)
 
 
-class GvisorBackend(DockerBackend):
+class GvisorBackend(DockerBackend, id="gvisor", options=GvisorOptions):
     """The docker backend with gVisor's runsc, as a backend of its own so profiles and
     ``doctor`` name it (registered by the ``gvisor`` entry point, see gvisor.py)."""
-
-    id: ClassVar[str] = "gvisor"
-    Options: ClassVar[type[BackendOptions]] = GvisorOptions
 
 
 @hookimpl

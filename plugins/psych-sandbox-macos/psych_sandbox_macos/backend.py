@@ -26,15 +26,12 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import ClassVar
 
 import anyio
 from psych_sandbox_core.backend_kit import (
     Backend,
-    BackendOptions,
     BackendRegistrar,
     BackendUnavailable,
-    ConfigurationError,
     ExitStatus,
     InheritedSocketChannel,
     InterpreterOptions,
@@ -43,12 +40,12 @@ from psych_sandbox_core.backend_kit import (
     Level,
     ManagedProcess,
     Mechanisms,
+    ProcessLaunched,
     child_environment,
     create_workspace,
     hookimpl,
+    interpreter_prefixes,
     remove_tree,
-    resolve_environment,
-    resolve_interpreter,
 )
 
 from .seatbelt import SeatbeltPolicy, generate
@@ -73,47 +70,39 @@ class MacosOptions(InterpreterOptions):
     sandbox_exec: str = SANDBOX_EXEC
 
 
-class MacosBackend(Backend):
-    id: ClassVar[str] = "macos"
-    Options: ClassVar[type[BackendOptions]] = MacosOptions
-    #: Never isolated: memory cannot be capped and the filesystem profile is a deny-list.
-    claims: ClassVar[Level] = Level.PROCESS
-
-    def __init__(self, options: BackendOptions) -> None:
+class MacosBackend(
+    Backend[MacosOptions],
+    id="macos",
+    # Never isolated: memory cannot be capped and the filesystem profile is a deny-list.
+    claims=Level.PROCESS,
+):
+    def __init__(self, options: MacosOptions) -> None:
         super().__init__(options)
-        assert isinstance(options, MacosOptions)
-        self.settings = options
         self.interpreter: str | None = None
         self.read_roots: tuple[str, ...] = ()
         if requires_macos() is not None:
             # Installed on another platform: nothing to resolve; unavailable_reason says why.
             return
-        runner = "the program"
-        if options.environment is not None:
-            environment = resolve_environment(
-                options.environment,
-                reachable_by_any_uid=False,
-                runner=runner,
-                bound_read_only=True,
-            )
-            self.interpreter = environment.executable
-            roots = [environment.root, *interpreter_prefixes(environment.base)]
-        else:
-            self.interpreter = resolve_interpreter(
-                options.interpreter,
-                reachable_by_any_uid=False,
-                candidates=[os.path.realpath(sys.executable)],
-                runner=runner,
-            )
-            roots = list(interpreter_prefixes(self.interpreter))
+        interpreter = options.child_interpreter(
+            reachable_by_any_uid=False,
+            runner="the program",
+            candidates=[os.path.realpath(sys.executable)],
+            bound_read_only=True,
+        )
+        self.interpreter = interpreter.executable
+        environment = [] if interpreter.environment is None else [interpreter.environment]
+        # Where the interpreter reads its library from stays readable even under a denied
+        # subtree (a home, say).
+        base = interpreter.base
+        roots = [*environment, *interpreter_prefixes(base), os.path.dirname(base)]
         self.read_roots = tuple(dict.fromkeys(os.path.realpath(root) for root in roots))
 
     def unavailable_reason(self) -> str | None:
         reason = requires_macos()
         if reason is not None:
             return reason
-        if not os.access(self.settings.sandbox_exec, os.X_OK):
-            return f"{self.settings.sandbox_exec} is missing; it ships with macOS"
+        if not os.access(self.options.sandbox_exec, os.X_OK):
+            return f"{self.options.sandbox_exec} is missing; it ships with macOS"
         return None
 
     @staticmethod
@@ -144,7 +133,7 @@ class MacosBackend(Backend):
         try:
             profile = generate(self.policy(workspace))
             argv = [
-                self.settings.sandbox_exec,
+                self.options.sandbox_exec,
                 *profile.sandbox_exec_arguments(),
                 self.interpreter,
                 "-I",
@@ -176,55 +165,12 @@ class MacosBackend(Backend):
                 await anyio.to_thread.run_sync(remove_tree, workspace)
 
 
-class _Launched(Launched):
-    def __init__(
-        self, process: ManagedProcess, channel: InheritedSocketChannel, mechanisms: Mechanisms
-    ) -> None:
-        self.process = process
-        self.channel = channel
-        self.mechanisms = mechanisms
-        self.stdout = process.stdout
-        self.stderr = process.stderr
-
-    async def wait_exited(self) -> None:
-        await self.process.wait_exited()
-
+class _Launched(ProcessLaunched[InheritedSocketChannel]):
     async def terminate(self, grace_seconds: float) -> None:
         await self.process.terminate(grace_seconds)
 
     async def finish(self) -> ExitStatus:
         return await self.process.kill_and_reap()
-
-
-def interpreter_prefixes(interpreter: str) -> tuple[str, ...]:
-    """The directories ``interpreter`` reads its standard library and packages from, which
-    the profile keeps readable even under a denied subtree (a home, say)."""
-    try:
-        completed = subprocess.run(
-            [
-                interpreter,
-                "-I",
-                "-S",
-                "-c",
-                "import sys; print(sys.prefix, sys.base_prefix, sys.base_exec_prefix, sep='\\n')",
-            ],
-            env={},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=30,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise ConfigurationError(
-            f"interpreter {interpreter} did not run to report its prefix: {exc}"
-        ) from exc
-    prefixes = [
-        os.path.realpath(line.strip())
-        for line in completed.stdout.decode("utf-8", "replace").splitlines()
-        if line.strip()
-    ]
-    prefixes.append(os.path.dirname(os.path.realpath(interpreter)))
-    return tuple(dict.fromkeys(prefixes))
 
 
 @hookimpl

@@ -42,24 +42,24 @@ DESCRIPTION_ATTEMPTS = 3
 DESCRIPTION_BACKOFF_SECONDS = (0.1, 0.4)
 
 
-class RemoteBackend(Backend):
+class RemoteBackend(
+    Backend[RemoteOptions],
+    id="remote",
+    # A service is used only where it is isolated: a weaker one would have its output
+    # withheld, so it is refused before anything is sent.
+    claims=Level.ISOLATED,
+    # A command travels in the run frame over the relayed channel, as a program does; a
+    # service whose child does not run it is refused (see refusal_for).
+    runs_commands=True,
+):
     """Runs the bootstrap on a ``psych-sandbox serve`` service."""
 
-    id = "remote"
-    Options = RemoteOptions
-    #: A service is used only where it is isolated: a weaker one would have its output
-    #: withheld, so it is refused before anything is sent.
-    claims = Level.ISOLATED
-    #: A command travels in the run frame over the relayed channel, as a program does; a
-    #: service whose child does not run it is refused (see refusal_for).
-    runs_commands = True
     #: A prepared execution would hold one of the service's slots while it waits: only a
     #: profile that asks (``warm = N``) keeps any.
     prepared_by_default = False
 
     def __init__(self, options: RemoteOptions) -> None:
         super().__init__(options)
-        self.options: RemoteOptions = options
         self._endpoints = [Endpoint(url) for url in options.urls]
         self._next = 0
 

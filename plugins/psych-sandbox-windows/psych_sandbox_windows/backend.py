@@ -29,13 +29,12 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any, ClassVar
+from typing import Any
 
 import anyio
 import anyio.abc
 from psych_sandbox_core.backend_kit import (
     Backend,
-    BackendOptions,
     BackendRegistrar,
     BackendUnavailable,
     ErrorKind,
@@ -48,8 +47,6 @@ from psych_sandbox_core.backend_kit import (
     Mechanisms,
     child_environment,
     hookimpl,
-    resolve_environment,
-    resolve_interpreter,
 )
 
 from .jobobject import (
@@ -122,38 +119,28 @@ class WindowsOptions(InterpreterOptions):
     pass
 
 
-class WindowsBackend(Backend):
-    id: ClassVar[str] = "windows"
-    Options: ClassVar[type[BackendOptions]] = WindowsOptions
-    #: Never isolated: the program runs as the worker's own account.
-    claims: ClassVar[Level] = Level.PROCESS
-
+class WindowsBackend(
+    Backend[WindowsOptions],
+    id="windows",
+    # Never isolated: the program runs as the worker's own account.
+    claims=Level.PROCESS,
+):
     def __init__(
-        self, options: BackendOptions, *, job_api: Callable[[], JobApi] = Win32JobApi
+        self, options: WindowsOptions, *, job_api: Callable[[], JobApi] = Win32JobApi
     ) -> None:
         super().__init__(options)
-        assert isinstance(options, WindowsOptions)
-        self.settings = options
         self._job_api = job_api
         self.interpreter: str | None = None
         if requires_windows() is not None:
             # Installed on another platform: nothing to resolve; unavailable_reason says why.
             return
-        if options.environment is not None:
-            self.interpreter = resolve_environment(
-                options.environment,
-                reachable_by_any_uid=False,
-                runner="the program",
-                bound_read_only=False,
-            ).executable
-        else:
-            base = getattr(sys, "_base_executable", None) or sys.executable
-            self.interpreter = resolve_interpreter(
-                options.interpreter,
-                reachable_by_any_uid=False,
-                candidates=[os.path.realpath(base)],
-                runner="the program",
-            )
+        base = getattr(sys, "_base_executable", None) or sys.executable
+        self.interpreter = options.child_interpreter(
+            reachable_by_any_uid=False,
+            runner="the program",
+            candidates=[os.path.realpath(base)],
+            bound_read_only=False,
+        ).executable
 
     def unavailable_reason(self) -> str | None:
         return requires_windows()
