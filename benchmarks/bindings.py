@@ -1,39 +1,71 @@
-"""Binding round trip (a no-op tool through the public API) against a raw NDJSON round trip
-between two Python processes over a pipe, measured in the same run. Prints both and the ratio.
+"""Binding round trip (a no-op tool through the public API) against two floors measured in
+the same run, in both of the machine's states.
+
+The floors, each a JSON line sent to an echoing child process (blocking, as the bootstrap
+is), read back and parsed:
+
+- the event-loop floor: the host's side driven by anyio on the backend the host runs on,
+  over a socket pair (the channel's transport), waiting on the socket as the host does;
+- the blocking floor: a plain blocking pipe, no event loop at all.
+
+The machine's states: "slow" wake-ups, where an idle CPU goes to sleep between two frames
+and each wake-up pays for leaving its idle state (on a virtual machine, a trip through the
+hypervisor), and "fast", where a busy spinner (at the idle scheduling class, so it never
+delays anything else) keeps them awake. A round trip is mostly wake-ups, so the
+same code measures several times apart in the two states; each ratio is taken within one.
+
+Usage: python benchmarks/bindings.py [--state slow|fast|both] [--backend asyncio|trio]
+[--rounds N] [--calls N]
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from functools import partial
 
 import anyio
 
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core.bindings import FunctionBindings
 
-CALLS = 2000
+WARM_CALLS = 200
+TARGET = 3.0
 
-ECHO = (
+PIPE_ECHO = (
     "import sys\n"
     "r, w = sys.stdin.buffer, sys.stdout.buffer\n"
     "for line in r:\n"
     "    w.write(line); w.flush()\n"
 )
 
+SOCKET_ECHO = (
+    "import socket, sys\n"
+    "s = socket.socket(fileno=int(sys.argv[1]))\n"
+    "while data := s.recv(65536):\n"
+    "    s.sendall(data)\n"
+)
 
-def raw_pipe_round_trip(calls: int) -> float:
-    """Seconds per JSON line sent to an echoing process and read back and parsed."""
+FRAME = {"type": "call", "id": 0, "name": "noop", "arguments": {}}
+
+
+def blocking_pipe_round_trip(calls: int) -> float:
+    """Seconds per JSON line sent over a blocking pipe to an echoing process and read back."""
     child = subprocess.Popen(
-        [sys.executable, "-c", ECHO], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-c", PIPE_ECHO], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     assert child.stdin is not None and child.stdout is not None
-    frame = {"type": "call", "id": 0, "name": "noop", "arguments": {}}
+    frame = dict(FRAME)
     try:
-        for warm in range(200):
+        for warm in range(WARM_CALLS):
             frame["id"] = warm
             child.stdin.write(json.dumps(frame).encode() + b"\n")
             child.stdin.flush()
@@ -51,14 +83,50 @@ def raw_pipe_round_trip(calls: int) -> float:
         child.stdout.close()
 
 
-PROGRAM = f"""
+async def event_loop_round_trip(calls: int) -> float:
+    """Seconds per JSON line sent over a socket pair to an echoing process and read back,
+    the host's side in the running event loop: a non-blocking send, then a wait for the
+    socket to be readable (the loop's own wake-up) and a read, as the host's channel does."""
+    host, child_end = socket.socketpair()
+    child = subprocess.Popen(
+        [sys.executable, "-c", SOCKET_ECHO, str(child_end.fileno())],
+        pass_fds=[child_end.fileno()],
+    )
+    child_end.close()
+    host.setblocking(False)
+    buffer = bytearray()
+    frame = dict(FRAME)
+
+    async def round_trip(call_id: int) -> None:
+        frame["id"] = call_id
+        host.send(json.dumps(frame).encode() + b"\n")
+        while (end := buffer.find(b"\n")) < 0:
+            await anyio.wait_readable(host)
+            buffer.extend(host.recv(65536))
+        json.loads(bytes(buffer[:end]))
+        del buffer[: end + 1]
+
+    try:
+        for warm in range(WARM_CALLS):
+            await round_trip(warm)
+        started = time.perf_counter()
+        for i in range(calls):
+            await round_trip(i)
+        return (time.perf_counter() - started) / calls
+    finally:
+        host.close()
+        child.wait()
+
+
+def program(calls: int) -> str:
+    return f"""
 import time
-for _ in range(200):
+for _ in range({WARM_CALLS}):
     await noop()
 started = time.perf_counter()
-for _ in range({CALLS}):
+for _ in range({calls}):
     await noop()
-return (time.perf_counter() - started) / {CALLS}
+return (time.perf_counter() - started) / {calls}
 """
 
 
@@ -66,7 +134,7 @@ async def noop() -> None:
     """The tool: async, as an agent runtime's tools are (plain functions run in a thread)."""
 
 
-async def binding_round_trip() -> float:
+async def binding_round_trip(calls: int) -> float:
     config = DeploymentConfig(
         profiles={
             "bench": ProfileConfig(
@@ -76,28 +144,85 @@ async def binding_round_trip() -> float:
     )
     async with Sandbox(config) as sandbox:
         result = await sandbox.run(
-            PROGRAM, profile="bench", bindings=FunctionBindings({"noop": noop})
+            program(calls), profile="bench", bindings=FunctionBindings({"noop": noop})
         )
     if result.error is not None:
         raise SystemExit(f"benchmark program failed: {result.error.message}")
     return float(result.return_value)
 
 
-ROUNDS = 7
+SPINNER = (
+    "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n"
+)
+
+
+@contextlib.contextmanager
+def machine_state(state: str) -> Iterator[None]:
+    """``fast``: a busy spinner at the idle scheduling class keeps the CPUs from sleeping
+    (any runnable task of ours preempts it at once); ``slow``: nothing, CPUs sleep when
+    idle. One spinner, not one pinned to each CPU: with those, the binding round trip (three
+    threads in two processes) measured several times slower, the floors did not."""
+    spinner = None
+    try:
+        if state == "fast":
+            spinner = subprocess.Popen([sys.executable, "-c", SPINNER])
+        yield
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+
+
+def measure(state: str, backend: str, rounds: int, calls: int) -> dict[str, float]:
+    """Median seconds per round trip of each kind, rounds interleaved so every kind sees
+    the same machine (its frequency and idle states swing a round trip by several times)."""
+    samples: dict[str, list[float]] = {"blocking": [], "event_loop": [], "binding": []}
+    with machine_state(state):
+        for _ in range(rounds):
+            samples["blocking"].append(blocking_pipe_round_trip(calls))
+            samples["event_loop"].append(
+                anyio.run(partial(event_loop_round_trip, calls), backend=backend)
+            )
+            samples["binding"].append(
+                anyio.run(partial(binding_round_trip, calls), backend=backend)
+            )
+    return {kind: statistics.median(values) for kind, values in samples.items()}
+
+
+DESCRIPTION = {
+    "slow": "slow wake-ups (idle CPUs sleep between frames)",
+    "fast": "fast wake-ups (a busy spinner at the idle class keeps the CPUs awake)",
+}
 
 
 def main() -> None:
-    # Interleaved rounds, medians: both measurements see the same machine (CPU frequency and
-    # idle states swing a 10 us round trip by several times between runs).
-    raws, bindings = [], []
-    for _ in range(ROUNDS):
-        raws.append(raw_pipe_round_trip(CALLS))
-        bindings.append(anyio.run(binding_round_trip))
-    raw = statistics.median(raws)
-    binding = statistics.median(bindings)
-    print(f"raw NDJSON pipe round trip: {raw * 1e6:8.1f} us (median of {ROUNDS} rounds)")
-    print(f"binding round trip (no-op): {binding * 1e6:8.1f} us (median of {ROUNDS} rounds)")
-    print(f"ratio: {binding / raw:.2f}x (target under 3x)")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--state", choices=["slow", "fast", "both"], default="both")
+    parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=2000)
+    options = parser.parse_args()
+    states = ["slow", "fast"] if options.state == "both" else [options.state]
+    print(
+        f"host event loop: anyio on {options.backend}; {options.calls} calls per round, "
+        f"medians of {options.rounds} rounds; load average before: "
+        + " ".join(f"{load:.2f}" for load in os.getloadavg())
+    )
+    for state in states:
+        result = measure(state, options.backend, options.rounds, options.calls)
+        blocking, loop, binding = result["blocking"], result["event_loop"], result["binding"]
+        print(f"\n{state}: {DESCRIPTION[state]}")
+        print(f"  blocking pipe round trip (floor):      {blocking * 1e6:8.1f} us")
+        print(
+            f"  {options.backend} socket round trip (floor):{'':<{7 - len(options.backend)}}"
+            f"{loop * 1e6:8.1f} us"
+        )
+        print(f"  binding round trip (no-op tool):       {binding * 1e6:8.1f} us")
+        print(
+            f"  ratio to the {options.backend} floor: {binding / loop:.2f}x (target under "
+            f"{TARGET:g}x); to the blocking pipe: {binding / blocking:.2f}x"
+        )
+    print("\nload average after: " + " ".join(f"{load:.2f}" for load in os.getloadavg()))
 
 
 if __name__ == "__main__":

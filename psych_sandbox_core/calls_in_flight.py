@@ -16,12 +16,18 @@ A cancel frame cancels one call's tool, which is then answered as ``cancelled``;
 that races the reply is answered by that reply (exactly one reply per id). When the program
 ends (its files or result arrive, a violation, the channel's end) or the execution does (the
 wall clock, a cancellation), every call still in flight is cancelled and recorded as such.
+
+Reading is a role, not a task. A call made while no other is in flight (a program awaiting
+its calls one by one) is served by the task that read it, so its reply goes out in the same
+turn of the event loop; a standby worker is woken first and takes over the reading if that
+tool suspends, so the next frames (a cancel, more calls) are read meanwhile and concurrency
+is what it was. Whoever finishes serving while another reads becomes a worker.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -71,6 +77,32 @@ class CallsInFlight:
         self._idle: list[anyio.Event] = []
         #: The host's work for the program (pattern searches) used up its CPU limit.
         self.cpu_spent = False
+        #: Reads one frame and performs its actions (see read); None until reading starts.
+        self._read_one: Callable[[], Awaitable[None]] | None = None
+        #: Bumped each time a standby takes the reading role: the task that read before
+        #: stops reading once it is back from the call it served.
+        self._generation = 0
+        #: The generation of a reader serving a call, whose role a standby may take.
+        self._free_role: int | None = None
+        #: Set once the program's frames are read to their end, by whoever read last.
+        self._read_to_end = anyio.Event()
+
+    async def read(self, read_one: Callable[[], Awaitable[None]]) -> None:
+        """Read the program's frames until the conversation stops listening: ``read_one``
+        reads one and performs its actions, in whichever task holds the reading role."""
+        self._read_one = read_one
+        await self._reading()
+        await self._read_to_end.wait()
+
+    async def _reading(self) -> None:
+        read_one = self._read_one
+        assert read_one is not None
+        generation = self._generation
+        while self._conversation.listening:
+            await read_one()
+            if generation != self._generation:
+                return  # a standby took the role while this task served a call
+        self._read_to_end.set()
 
     async def accept(self, frame: CallFrame) -> list[Action]:
         """Accept the next call and start serving it; the conversation's actions for a
@@ -87,12 +119,25 @@ class CallsInFlight:
         scope = anyio.CancelScope()
         self._flying[frame.id] = scope
         self._unfinished[frame.id] = call
+        if self._read_one is not None and len(self._flying) == 1:
+            # Alone in flight: served here, by the reader. A standby takes over the reading
+            # only if this turns out to wait (it runs once this task yields, or finds the
+            # role taken back and goes idle again).
+            offered = self._free_role = self._generation
+            self._wake_worker()
+            await self._serve(call, scope)
+            if self._free_role == offered:
+                self._free_role = None  # nobody needed it: this task reads on
+            return []
         self._pending.append((call, scope))
+        self._wake_worker()
+        return []
+
+    def _wake_worker(self) -> None:
         if self._idle:
             self._idle.pop().set()
         else:
             self._tasks.start_soon(self._worker)
-        return []
 
     def cancel(self, call_id: int) -> list[Action]:
         """The program stopped waiting for ``call_id``: cancel its tool (its reply says
@@ -123,6 +168,12 @@ class CallsInFlight:
         while True:
             while self._pending:
                 await self._serve(*self._pending.popleft())
+            if self._free_role is not None:
+                # The reader is still serving its call: read meanwhile, from now on.
+                self._free_role = None
+                self._generation += 1
+                await self._reading()
+                continue
             wake = anyio.Event()
             self._idle.append(wake)
             await wake.wait()

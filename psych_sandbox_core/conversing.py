@@ -79,17 +79,7 @@ class LinkedConversation:
             async with calls_in_flight(
                 calls, self._link, conversation, terms.calls_in_flight
             ) as self._flight:
-                try:
-                    while conversation.listening:
-                        actions = await self.next()
-                        await self.perform(actions)
-                        # Dropped before the next frame is read: a wide tree freed young is
-                        # never aged by the collector (see protocol/codec.py).
-                        del actions
-                        if conversation.state is not State.RUNNING:
-                            self._flight.end()
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    conversation.receive(None)  # the child went away; its exit status says how
+                await self._flight.read(self._read_one)
             return self._flight.cpu_spent
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             conversation.receive(None)
@@ -103,6 +93,22 @@ class LinkedConversation:
             ):
                 self._held, self._link = self._link, None
             await self.close()
+
+    async def _read_one(self) -> None:
+        """Read the program's next frame and perform its actions (in whichever task holds
+        the reading role, see calls_in_flight.py)."""
+        conversation = self.conversation
+        try:
+            actions = await self.next()
+            await self.perform(actions)
+            # Dropped before the next frame is read: a wide tree freed young is never aged
+            # by the collector (see protocol/codec.py).
+            del actions
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            conversation.receive(None)  # the child went away; its exit status says how
+        if conversation.state is not State.RUNNING:
+            assert self._flight is not None
+            self._flight.end()
 
     async def perform(self, actions: list[Action]) -> None:
         conversation = self.conversation

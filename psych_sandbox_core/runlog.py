@@ -17,7 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 
@@ -42,6 +42,11 @@ class CallEntry:
 
 class RunLog(ABC):
     """Where accepted binding calls are recorded and counted, per run."""
+
+    #: Whether the log's coroutines never suspend (it is held in this process): a call's
+    #: entry is then closed without a shield, since a cancellation lands only where a
+    #: coroutine suspends.
+    never_suspends: ClassVar[bool] = False
 
     @abstractmethod
     async def begin_call(
@@ -208,6 +213,8 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 class MemoryRunLog(RunLog):
     """A run log held in this process only: for runs that live and die within one execution
     (no run id given), where nothing can resume them and durability would only cost time."""
+
+    never_suspends = True
 
     def __init__(self) -> None:
         # seq -> [run_id, execution_id, call_id, name, outcome]: mutable, updated in place.

@@ -354,3 +354,63 @@ async def test_calls_in_flight_when_the_reading_ends_are_cancelled_and_closed() 
     assert outcomes[0] == (0, "cancelled") and outcomes[1] in [(1, "ok"), (1, "cancelled")]
     assert [c["outcome"] for c in server.record] == [o for _, o in outcomes]
     assert await log.dangling(server.scope.run_id) == []
+
+
+class _OneByOneLink:
+    """A program awaiting its calls one by one: each call frame arrives only once the host
+    sent its last frame (the run frame, then each reply); the channel ends after ``calls``.
+    Says which task read each frame."""
+
+    ceilings = HANDSHAKE_CEILINGS
+
+    def __init__(self, calls: int) -> None:
+        self._calls = calls
+        self._sent = anyio.Event()
+        self.sent: list[Any] = []
+        self.read_by: list[int] = []
+
+    async def receive(self) -> CallFrame | None:
+        await self._sent.wait()
+        self._sent = anyio.Event()
+        self.read_by.append(anyio.get_current_task().id)
+        made = len(self.read_by) - 1
+        if made == self._calls:
+            return None
+        return CallFrame(type="call", id=made, name="where", arguments={})
+
+    async def send(self, frame: Any) -> None:
+        self.sent.append(frame)
+        self._sent.set()
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_call_alone_in_flight_is_served_by_the_task_that_read_it() -> None:
+    # The fast path a program awaiting its calls one by one takes: no hand-off to another
+    # task (and so no extra turn of the event loop) between reading a call and its reply,
+    # and, when no tool waits, the reading never moves to another task.
+    from psych_sandbox_core.conversing import LinkedConversation
+
+    from .test_conversation import terms
+
+    served_by: list[int] = []
+
+    async def where() -> None:
+        served_by.append(anyio.get_current_task().id)
+
+    provider = FunctionBindings({"where": where})
+    server = CallServer(provider, await provider.list_tools())
+    conversation = in_state(State.GRADED, with_collector=False)
+    talk = LinkedConversation(conversation)
+    link = _OneByOneLink(calls=5)
+    talk._link = link
+    await talk.program(
+        terms(tools=server.offered, argument_bytes=server.budgets.argument_bytes_per_call),
+        server,
+    )
+    assert [frame.type for frame in link.sent] == ["run"] + ["reply"] * 5
+    assert served_by == link.read_by[:5]
+    assert len(set(link.read_by)) == 1
+    assert [c["outcome"] for c in server.record] == ["ok"] * 5

@@ -6,8 +6,6 @@ import base64
 import binascii
 import gc
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -55,25 +53,25 @@ def decode_child_frame(line: bytes, ceilings: FrameCeilings = CHANNEL_CEILINGS) 
     assert kind is not None
     check_length(kind, len(line), ceilings)
     check_shape(line, FRAME_SHAPE, f"a {kind} frame")
-    try:
-        # Parsed apart from validation so no non-finite number can ride inside an untyped
-        # field (a tool's arguments): NaN/Infinity literals are refused by the parser, and an
-        # overflowing literal such as 1e999 (parsed as infinity) by the walk.
-        with collector_paused():
+    # One pause for the parse and the validation that rebuilds the frame from it.
+    with collector_paused():
+        try:
+            # Parsed apart from validation so no non-finite number can ride inside an untyped
+            # field (a tool's arguments): NaN/Infinity literals are refused by the parser, and
+            # an overflowing literal such as 1e999 (parsed as infinity) by the walk.
             parsed = from_json(line, allow_inf_nan=False, cache_strings=False)
-        if _may_hold_a_float(line):
-            _refuse_non_finite(parsed)
-    except ValueError as exc:
-        raise ProtocolViolation(f"malformed frame from child: {exc}") from None
-    try:
-        with collector_paused():
+            if _may_hold_a_float(line):
+                _refuse_non_finite(parsed)
+        except ValueError as exc:
+            raise ProtocolViolation(f"malformed frame from child: {exc}") from None
+        try:
             frame = _CHILD_FRAMES.validate_python(parsed, strict=True)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in err['loc']) or '<frame>'}: {err['msg']}"
-            for err in exc.errors(include_url=False, include_input=False)[:5]
-        )
-        raise ProtocolViolation(f"malformed frame from child: {problems}") from None
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in err['loc']) or '<frame>'}: {err['msg']}"
+                for err in exc.errors(include_url=False, include_input=False)[:5]
+            )
+            raise ProtocolViolation(f"malformed frame from child: {problems}") from None
     if frame.type != kind:
         # A second "type" key later in the line: the ceiling applied was another kind's.
         raise ProtocolViolation(
@@ -98,22 +96,25 @@ def decode_value_json(text: str, cap: int) -> Any:
     return value
 
 
-@contextmanager
-def collector_paused() -> Iterator[None]:
+class collector_paused:  # lower case: used like a function, ``with collector_paused():``
     """No cyclic garbage collection while the parser builds a tree (it holds the interpreter
     lock throughout, so nothing else allocates meanwhile). Each collection during the parse
     would find the half-built tree alive and age it, until a full collection walks every
     object of the process: a frame of tens of thousands of elements would then stall the
     host for tens of milliseconds. A tree that is dropped soon after (a refused call) is
-    freed young. Left paused if something else paused it."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+    freed young. Left paused if something else paused it. A class, not a generator: it is
+    entered for every frame, and a generator's context manager costs several times more."""
+
+    __slots__ = ("_paused",)
+
+    def __enter__(self) -> None:
+        self._paused = gc.isenabled()
+        if self._paused:
+            gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._paused:
+            gc.enable()
 
 
 #: Digits as "0", the marks only a float literal has right after a digit (".", "e", "E") as
@@ -128,6 +129,8 @@ def _may_hold_a_float(line: bytes) -> bool:
     # Integers parse exactly however long they are; only a literal with a fraction or an
     # exponent can become infinite. Most frames have none, and skip the walk. A digit before
     # such a mark inside a string also counts: that costs a walk, never a miss.
+    if len(line) <= _FLOAT_SCAN_BYTES:
+        return b"0e" in line.translate(_FLOAT_MARKS)
     for start in range(0, len(line), _FLOAT_SCAN_BYTES):
         # One byte of overlap: a digit that ends one slice and a mark that starts the next.
         piece = line[max(0, start - 1) : start + _FLOAT_SCAN_BYTES]
