@@ -33,11 +33,6 @@ def _pip(*args: str) -> None:
     assert completed.returncode == 0, completed.stdout + completed.stderr
 
 
-#: One worker runs this whole file: the example is installed into the environment for the
-#: session and removed after it, which a second worker's fixture would do under this one.
-pytestmark = pytest.mark.xdist_group("example-installed")
-
-
 @pytest.fixture(scope="session")
 def example_installed() -> Iterator[None]:
     # No build isolation: the build backend is a test dependency, so this works offline.
