@@ -274,7 +274,6 @@ def _execute(args: argparse.Namespace, start: Any) -> int:
 
     import anyio
 
-    from .artifact_export import ArtifactExportError
     from .blobstore import FilesystemBlobStore
     from .cli_render import LiveOutput, print_notes, print_summary, result_as_json
     from .errors import InvalidRequestError
@@ -337,7 +336,7 @@ def _execute(args: argparse.Namespace, start: Any) -> int:
 
     try:
         result = anyio.run(run)
-    except ArtifactExportError as exc:
+    except _ArtifactsRefused as exc:
         print(f"psych-sandbox: --artifacts: {visible(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except InvalidRequestError as exc:
@@ -379,18 +378,26 @@ def _escape_unshowable() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+class _ArtifactsRefused(Exception):
+    """--artifacts could not be written (artifact_export.ArtifactExportError's message), raised
+    as this so that a run without --artifacts never imports the exporter."""
+
+
 async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory: str) -> None:
-    from .artifact_export import export_artifacts
+    from .artifact_export import ArtifactExportError, export_artifacts
     from .cli_render import export_note
     from .visible import SUMMARY_MARK, visible
 
-    written, partial = await export_artifacts(
-        sandbox.attachments,
-        tenant=result.tenant or "default",
-        run_id=result.run_id or "",
-        artifacts=result.artifacts,
-        directory=directory,
-    )
+    try:
+        written, partial = await export_artifacts(
+            sandbox.attachments,
+            tenant=result.tenant or "default",
+            run_id=result.run_id or "",
+            artifacts=result.artifacts,
+            directory=directory,
+        )
+    except ArtifactExportError as exc:
+        raise _ArtifactsRefused(str(exc)) from None
     for path in partial:
         print(
             f"{SUMMARY_MARK} psych-sandbox: {visible(path)}: only a preview was kept; not written",
