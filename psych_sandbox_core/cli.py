@@ -139,12 +139,53 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def console_main() -> int:
+    """The ``psych-sandbox`` command in a process of its own (the console script and
+    ``python -m psych_sandbox_core``): :func:`main`, with the cyclic garbage collector kept
+    out of the start-up and the exit. Start-up builds a few hundred thousand objects that
+    live as long as the process (modules, classes, pydantic's validators), which every
+    collection would walk again: the collector is paused while the command imports, and what
+    the imports built is then frozen out of later collections (:func:`_resume_collector`).
+    At exit the interpreter's final collection is skipped the same way: the process ends and
+    everything goes with it. (An application calling :func:`main` keeps its collector as is.)
+    """
+    import gc
+
+    global _collector_paused
+    gc.disable()
+    _collector_paused = True
+    try:
+        return main()
+    finally:
+        _resume_collector()
+        gc.freeze()
+
+
+#: Whether console_main paused the collector, which is resumed once the command's imports
+#: are done.
+_collector_paused = False
+
+
+def _resume_collector() -> None:
+    """Freeze what the start-up built out of every later collection and resume the
+    collector, if console_main paused it."""
+    global _collector_paused
+    if _collector_paused:
+        import gc
+
+        gc.freeze()
+        gc.enable()
+        _collector_paused = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    if args.command not in ("run", "exec"):
+        _resume_collector()  # (theirs is resumed once their imports are done)
     handler = _COMMANDS[args.command]
     try:
         return handler(args)
@@ -280,6 +321,8 @@ def _execute(args: argparse.Namespace, start: Any) -> int:
     from .sandbox import Sandbox
     from .selection_cache import SelectionCache
     from .visible import visible
+
+    _resume_collector()
 
     # A person sees the output as it arrives; --json prints the one record at the end.
     live = None if args.json else LiveOutput()
@@ -478,4 +521,4 @@ _COMMANDS = {
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -203,3 +203,38 @@ def test_public_names_are_the_defining_modules_objects() -> None:
         defined_config,
         defined_level_of,
     )
+
+
+def test_the_command_runs_a_program_with_the_collector_on_and_its_start_up_frozen(
+    tmp_path: Path,
+) -> None:
+    # Read in the command's own process, by a tool the program calls while it runs: the
+    # collector paused for the start-up is running again, with the start-up frozen out.
+    tools = tmp_path / "tools.py"
+    tools.write_text(
+        "import gc\ndef collector():\n    return [gc.isenabled(), gc.get_freeze_count() > 0]\n"
+    )
+    program = tmp_path / "program.py"
+    program.write_text("return await collector()\n")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("PSYCH_SANDBOX_CONFIG", None)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "psych_sandbox_core",
+            "run",
+            str(program),
+            "--tools",
+            str(tools),
+            "--json",
+            "--profile",
+            "subprocess",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert json.loads(completed.stdout)["return_value"] == [True, True]
