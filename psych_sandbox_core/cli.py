@@ -142,10 +142,11 @@ class _VersionAction(argparse.Action):
 def console_main() -> int:
     """The ``psych-sandbox`` command in a process of its own (the console script and
     ``python -m psych_sandbox_core``): :func:`main`, with the cyclic garbage collector kept
-    out of the start-up and the exit. Start-up builds a few hundred thousand objects that
-    live as long as the process (modules, classes, pydantic's validators), which every
-    collection would walk again: the collector is paused while the command imports, and what
-    the imports built is then frozen out of later collections (:func:`_resume_collector`).
+    out of the start-up and the exit. Start-up builds tens of thousands of objects that live
+    as long as the process (modules, classes, pydantic's validators, which make a full
+    collection cost tens of milliseconds), walked again by every collection: the collector is
+    paused while the command imports, and what the imports built is then frozen out of later
+    collections (:func:`_resume_collector`).
     At exit the interpreter's final collection is skipped the same way: the process ends and
     everything goes with it. (An application calling :func:`main` keeps its collector as is.)
     """
