@@ -14,7 +14,17 @@ is the median of N runs of a fresh process; it prints:
   needs, `import psych_sandbox_core.sandbox`), minus the floor;
 - beside each, the CPU time the command and its children used (user + system), which other
   work on the machine inflates far less than wall time: a ratio of CPU times to the floor's
-  says what the command costs when the machine is shared.
+  says what the command costs when the machine is shared;
+- where `run`'s time goes, for the subprocess and bwrap profiles, measured in a fresh process
+  that does what `run` does, step by step: importing what `run` imports (the third-party
+  libraries apart from the core's own modules, whose share is mostly building pydantic
+  models, the first of them after pydantic reads every installed distribution's entry
+  points for its own plugins), loading the configuration and the profile's backend (the
+  `Sandbox` and the first run, less the execution), and the execution itself (a second run
+  in a fresh `Sandbox` in the same process, everything already imported and loaded); what
+  is left of the command's median is the interpreter's start and exit and the printing of
+  the result;
+- the load average before and after, since every number is inflated by other work.
 
 Bytecode is written on the first (unmeasured) run of each command, as an installed package
 has it. The remembered choice lives in a temporary state directory, removed at the end.
@@ -25,6 +35,7 @@ has it. The remembered choice lives in a temporary state directory, removed at t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -39,6 +50,60 @@ from pathlib import Path
 PROGRAM = "print(1)\n"
 HELP_TARGET = 3.0
 RUN_TARGET = 6.0
+
+#: Run in a fresh interpreter (one per sample) with the profile's name as its argument: what
+#: `psych-sandbox run` does, timed step by step; prints one JSON object of seconds.
+BREAKDOWN = """
+import importlib, json, resource, sys, time
+
+def now():
+    # Wall time, and the CPU time of this process and every child it has reaped.
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), time.process_time() + children.ru_utime + children.ru_stime
+
+marks = {"start": now()}
+# The third-party libraries run needs (anyio's asyncio backend is imported by anyio.run).
+for name in ("pydantic", "pydantic_core", "anyio", "anyio._backends._asyncio", "pluggy"):
+    importlib.import_module(name)
+marks["libraries"] = now()
+# What the command imports before it runs anything (cli._execute's imports).
+import psych_sandbox_core.cli
+from psych_sandbox_core.blobstore import FilesystemBlobStore
+from psych_sandbox_core.cli_render import LiveOutput, print_summary
+from psych_sandbox_core.sandbox import Sandbox
+from psych_sandbox_core.selection_cache import SelectionCache
+from psych_sandbox_core.visible import visible
+marks["core modules"] = now()
+import anyio, tempfile
+
+async def once(profile):
+    with tempfile.TemporaryDirectory() as store:
+        async with Sandbox(
+            None, blob_store=FilesystemBlobStore(store), selection_cache=SelectionCache()
+        ) as sandbox:
+            result = await sandbox.run("print(1)", profile=profile)
+    assert result.ok, result
+
+async def main():
+    marks["loop"] = now()
+    await once(sys.argv[1])  # configuration, backend and the execution
+    marks["first"] = now()
+    await once(sys.argv[1])  # the execution, everything loaded
+    marks["second"] = now()
+anyio.run(main)
+
+def between(a, b):
+    return [marks[b][i] - marks[a][i] for i in (0, 1)]
+
+execution = between("first", "second")
+first = between("loop", "first")
+print(json.dumps({
+    "libraries": between("start", "libraries"),
+    "core modules": between("libraries", "core modules"),
+    "load": [first[i] - execution[i] for i in (0, 1)],
+    "execution": execution,
+}))
+"""
 
 
 def command() -> list[str]:
@@ -103,6 +168,9 @@ def main() -> None:
             "run (default, remembered)": ([*cli, "run", str(program)], lambda: env),
             "run (default, nothing remembered)": ([*cli, "run", str(program)], fresh_state),
         }
+        breakdowns = {
+            profile: [python, "-c", BREAKDOWN, profile] for profile in ("subprocess", "bwrap")
+        }
         available = {}
         for name, (argv, make_env) in cases.items():
             try:  # the unmeasured first run: writes bytecode, remembers default's choice
@@ -110,13 +178,28 @@ def main() -> None:
                 available[name] = (argv, make_env)
             except RuntimeError as exc:
                 print(f"{name}: not available here ({str(exc)[-200:]})")
+        steps: dict[str, list[dict[str, list[float]]]] = {}
+        for profile, argv in breakdowns.items():
+            if f"run --profile {profile}" in available:
+                breakdown_once(argv, env)  # unmeasured, as above
+                steps[profile] = []
+        load_before = os.getloadavg()
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in available}
         for _ in range(args.runs):
             for name, (argv, make_env) in available.items():
                 samples[name].append(time_once(argv, make_env()))
+            for profile in steps:
+                steps[profile].append(breakdown_once(breakdowns[profile], env))
+        load_after = os.getloadavg()
     finally:
         shutil.rmtree(state, ignore_errors=True)
 
+    print(
+        "load average (1, 5, 15 min): before "
+        + ", ".join(f"{x:.2f}" for x in load_before)
+        + "; after "
+        + ", ".join(f"{x:.2f}" for x in load_after)
+    )
     median = {name: statistics.median(w for w, _ in runs) for name, runs in samples.items()}
     cpu = {name: statistics.median(c for _, c in runs) for name, runs in samples.items()}
     floor, floor_cpu = median["python -c pass"], cpu["python -c pass"]
@@ -139,6 +222,33 @@ def main() -> None:
             f"   target < {target:g}x: {verdict}   (cpu {cpu[name] * 1e3:.1f} ms, "
             f"{cpu[name] / floor_cpu:5.2f}x)"
         )
+    for profile, runs in steps.items():
+        # Each step's median wall time, and its median CPU time (user + system, the process's
+        # and its children's) in brackets.
+        wall = {key: statistics.median(run[key][0] for run in runs) for key in runs[0]}
+        used = {key: statistics.median(run[key][1] for run in runs) for key in runs[0]}
+        name = f"run --profile {profile}"
+        rest = median[name] - sum(wall.values())
+        rest_cpu = cpu[name] - sum(used.values())
+
+        def ms(key: str, wall: dict[str, float] = wall, used: dict[str, float] = used) -> str:
+            return f"{wall[key] * 1e3:.0f} ms (cpu {used[key] * 1e3:.0f})"
+
+        print(
+            f"  where {name}'s time goes, medians: importing third-party libraries "
+            f"{ms('libraries')}, the core's modules {ms('core modules')}; configuration and "
+            f"backend load {ms('load')}; execution {ms('execution')}; the rest (interpreter "
+            f"start and exit, output) {rest * 1e3:.0f} ms (cpu {rest_cpu * 1e3:.0f})"
+        )
+
+
+def breakdown_once(argv: Sequence[str], env: dict[str, str]) -> dict[str, list[float]]:
+    """One sample of where ``run``'s time goes: each step's [wall, cpu] (see BREAKDOWN)."""
+    completed = subprocess.run(list(argv), env=env, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"breakdown: exit {completed.returncode}: {completed.stderr[-500:]}")
+    steps: dict[str, list[float]] = json.loads(completed.stdout)
+    return steps
 
 
 if __name__ == "__main__":

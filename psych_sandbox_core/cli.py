@@ -139,12 +139,54 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def console_main() -> int:
+    """The ``psych-sandbox`` command in a process of its own (the console script and
+    ``python -m psych_sandbox_core``): :func:`main`, with the cyclic garbage collector kept
+    out of the start-up and the exit. Start-up builds tens of thousands of objects that live
+    as long as the process (modules, classes, pydantic's validators, which make a full
+    collection cost tens of milliseconds), walked again by every collection: the collector is
+    paused while the command imports, and what the imports built is then frozen out of later
+    collections (:func:`_resume_collector`).
+    At exit the interpreter's final collection is skipped the same way: the process ends and
+    everything goes with it. (An application calling :func:`main` keeps its collector as is.)
+    """
+    import gc
+
+    global _collector_paused
+    gc.disable()
+    _collector_paused = True
+    try:
+        return main()
+    finally:
+        _resume_collector()
+        gc.freeze()
+
+
+#: Whether console_main paused the collector, which is resumed once the command's imports
+#: are done.
+_collector_paused = False
+
+
+def _resume_collector() -> None:
+    """Freeze what the start-up built out of every later collection and resume the
+    collector, if console_main paused it."""
+    global _collector_paused
+    if _collector_paused:
+        import gc
+
+        gc.freeze()
+        gc.enable()
+        _collector_paused = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    if args.command not in ("run", "exec"):
+        _resume_collector()  # (theirs is resumed once their imports are done)
     handler = _COMMANDS[args.command]
     try:
         return handler(args)
@@ -274,13 +316,14 @@ def _execute(args: argparse.Namespace, start: Any) -> int:
 
     import anyio
 
-    from .artifact_export import ArtifactExportError
     from .blobstore import FilesystemBlobStore
     from .cli_render import LiveOutput, print_notes, print_summary, result_as_json
     from .errors import InvalidRequestError
     from .sandbox import Sandbox
     from .selection_cache import SelectionCache
     from .visible import visible
+
+    _resume_collector()
 
     # A person sees the output as it arrives; --json prints the one record at the end.
     live = None if args.json else LiveOutput()
@@ -337,7 +380,7 @@ def _execute(args: argparse.Namespace, start: Any) -> int:
 
     try:
         result = anyio.run(run)
-    except ArtifactExportError as exc:
+    except _ArtifactsRefused as exc:
         print(f"psych-sandbox: --artifacts: {visible(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except InvalidRequestError as exc:
@@ -379,18 +422,26 @@ def _escape_unshowable() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+class _ArtifactsRefused(Exception):
+    """--artifacts could not be written (artifact_export.ArtifactExportError's message), raised
+    as this so that a run without --artifacts never imports the exporter."""
+
+
 async def _write_artifacts(sandbox: Sandbox, result: ExecutionResult, directory: str) -> None:
-    from .artifact_export import export_artifacts
+    from .artifact_export import ArtifactExportError, export_artifacts
     from .cli_render import export_note
     from .visible import SUMMARY_MARK, visible
 
-    written, partial = await export_artifacts(
-        sandbox.attachments,
-        tenant=result.tenant or "default",
-        run_id=result.run_id or "",
-        artifacts=result.artifacts,
-        directory=directory,
-    )
+    try:
+        written, partial = await export_artifacts(
+            sandbox.attachments,
+            tenant=result.tenant or "default",
+            run_id=result.run_id or "",
+            artifacts=result.artifacts,
+            directory=directory,
+        )
+    except ArtifactExportError as exc:
+        raise _ArtifactsRefused(str(exc)) from None
     for path in partial:
         print(
             f"{SUMMARY_MARK} psych-sandbox: {visible(path)}: only a preview was kept; not written",
@@ -471,4 +522,4 @@ _COMMANDS = {
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -40,11 +40,6 @@ from .grading import level_at_least
 from .profiles import DEFAULT_PROFILE, DeploymentConfig
 from .registry import BackendRegistry
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib  # type: ignore[import-not-found,no-redef,unused-ignore]
-
 #: The environment variable naming a configuration file when no path is given.
 ENV_VAR = "PSYCH_SANDBOX_CONFIG"
 
@@ -122,6 +117,12 @@ def _plain(value: Any) -> Any:
 
 def parse_config(text: str, *, origin: str = "<string>") -> DeploymentConfig:
     """Parse and validate TOML text. Raises ConfigurationError naming the key at fault."""
+    # Only here: a run with no configuration file never reads TOML.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised only on 3.10
+        import tomli as tomllib  # type: ignore[import-not-found,no-redef,unused-ignore]
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -6,7 +6,7 @@ import difflib
 import importlib
 import importlib.metadata
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pluggy
 from pydantic import ValidationError
@@ -14,9 +14,6 @@ from pydantic import ValidationError
 from . import __version__, hookspecs
 from .backend import Backend
 from .errors import ConfigurationError, UnknownBackendError
-
-if TYPE_CHECKING:
-    import importlib_metadata
 
 ENTRY_POINT_GROUP = "psych_sandbox"
 #: The plugins the core ships (as entry points of its own distribution, like any plugin):
@@ -62,11 +59,12 @@ class _Registrar:
         )
 
 
-def _name_and_version(dist: Any) -> tuple[str, str]:
-    """A distribution's name and version from the head of its metadata file, where they are
-    plain ``Name:`` and ``Version:`` lines: reading them through ``dist.metadata`` would parse
-    the whole file with the email package, whose import alone costs a command's start-up
-    several milliseconds. Anything unexpected takes that way."""
+def name_and_version(dist: Any) -> tuple[str, str]:
+    """A distribution's name and version (``dist`` is an importlib.metadata distribution, or
+    pluggy's facade of one) from the head of its metadata file, where they are plain
+    ``Name:`` and ``Version:`` lines: reading them through ``dist.metadata`` parses the whole
+    file with the email package, which costs a command's start-up several milliseconds.
+    Anything unexpected takes that way."""
     found: dict[str, str] = {}
     for line in (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").splitlines():
         if not line.strip():
@@ -76,7 +74,7 @@ def _name_and_version(dist: Any) -> tuple[str, str]:
             found[key] = value.strip()
     if found.get("Name") and found.get("Version"):
         return found["Name"], found["Version"]
-    return dist.project_name, dist.version
+    return dist.metadata["Name"], dist.version
 
 
 class BackendRegistry:
@@ -97,7 +95,7 @@ class BackendRegistry:
         #: loaded from entry points).
         self._by_hand: dict[str, tuple[str | None, str | None]] = {}
         self._everything_loaded = False
-        self._entry_points: list[importlib_metadata.EntryPoint] | None = None
+        self._entry_points: list[importlib.metadata.EntryPoint] | None = None
 
     def register_plugin(
         self, plugin: object, name: str, distribution: str | None = None, version: str | None = None
@@ -119,6 +117,8 @@ class BackendRegistry:
             plugin = importlib.import_module(CORE_PLUGINS[backend_id])
             self.register_plugin(plugin, backend_id, CORE_DISTRIBUTION, __version__)
             return
+        if backend_id is not None and self._load_first_party(backend_id):
+            return
         try:
             self._manager.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=backend_id)
         except Exception as exc:
@@ -131,6 +131,31 @@ class BackendRegistry:
             self._ask_new_plugins()
         if backend_id is None:
             self._everything_loaded = True
+
+    def _load_first_party(self, backend_id: str) -> bool:
+        """Load a first-party backend's entry point from its own distribution's metadata,
+        found by name, sparing the scan of every installed distribution that pluggy's loader
+        makes (the costliest step of loading one backend). False when that distribution is
+        not installed, has no such entry point, or the name is blocked: then the scan
+        decides, as for any other backend."""
+        distribution = KNOWN_DISTRIBUTIONS.get(backend_id)
+        if distribution is None or self._manager.is_blocked(backend_id):
+            return False
+        try:
+            dist = importlib.metadata.distribution(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return False
+        found = dist.entry_points.select(group=ENTRY_POINT_GROUP, name=backend_id)
+        if not found:
+            return False
+        try:
+            plugin = next(iter(found)).load()
+        except Exception as exc:
+            raise ConfigurationError(
+                f"the psych_sandbox plugin {backend_id!r} failed to load: {exc}"
+            ) from exc
+        self.register_plugin(plugin, backend_id, *name_and_version(dist))
+        return True
 
     def _first_unloaded(self) -> str | None:
         """The entry point pluggy was loading when it failed: the first, in the order it
@@ -149,7 +174,7 @@ class BackendRegistry:
         registrar bound to the distribution pluggy (or the caller) recorded for it."""
         self._manager.check_pending()
         loaded = {
-            id(plugin): _name_and_version(dist)
+            id(plugin): name_and_version(dist)
             for plugin, dist in self._manager.list_plugin_distinfo()
         }
         for name, plugin in self._manager.list_name_plugin():
@@ -162,13 +187,14 @@ class BackendRegistry:
             call = self._manager.subset_hook_caller("psych_sandbox_register_backends", others)
             call(registry=_Registrar(self, distribution, version))
 
-    def entry_points(self) -> list[importlib_metadata.EntryPoint]:
-        """The ``psych_sandbox`` entry points installed here, none of them loaded. Read once
-        per registry: scanning every distribution's metadata is a cost worth paying once."""
+    def entry_points(self) -> list[importlib.metadata.EntryPoint]:
+        """The ``psych_sandbox`` entry points installed here, none of them loaded, each with
+        its distribution (``.dist``; read its name and version with :func:`name_and_version`).
+        Read once per registry: scanning every distribution's metadata is a cost worth paying
+        once. The standard library's reader, already imported: the backport costs a command
+        that remembers ``default``'s choice more than the scan itself."""
         if self._entry_points is None:
-            import importlib_metadata  # (only here: running a program never needs it)
-
-            self._entry_points = list(importlib_metadata.entry_points(group=ENTRY_POINT_GROUP))
+            self._entry_points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
         return self._entry_points
 
     def ids(self) -> list[str]:

@@ -11,15 +11,17 @@ safe to share between host processes on one machine).
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import anyio
+
+if TYPE_CHECKING:
+    import sqlite3  # imported by SQLiteRunLog: a run of one execution counts in memory
 
 T = TypeVar("T")
 
@@ -104,6 +106,8 @@ class SQLiteRunLog(RunLog):
     """
 
     def __init__(self, path: str = ":memory:") -> None:
+        import sqlite3
+
         self.path = path
         self._lock = threading.Lock()
         # Autocommit mode: every transaction below is explicit (BEGIN IMMEDIATE), so the
@@ -123,6 +127,8 @@ class SQLiteRunLog(RunLog):
         self._db.execute(f"PRAGMA busy_timeout={int(seconds * 1000)}")
 
     async def _run(self, operation: Callable[[sqlite3.Connection], T]) -> T:
+        import sqlite3  # (already imported by __init__)
+
         # Fast path: the connection is free and the database not locked by another process.
         if self._lock.acquire(blocking=False):
             try:

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .grading import Level
-from .registry import BackendRegistry
+from .registry import BackendRegistry, name_and_version
 from .selection import Candidate, Selection
 from .state import state_directory
 
@@ -193,8 +193,7 @@ def _key(registry: BackendRegistry, preference: Sequence[str]) -> list[object]:
         [
             entry_point.name,
             entry_point.value,
-            entry_point.dist.metadata["Name"] if entry_point.dist is not None else "",
-            entry_point.dist.version if entry_point.dist is not None else "",
+            *(name_and_version(entry_point.dist) if entry_point.dist is not None else ("", "")),
         ]
         for entry_point in registry.entry_points()
     )

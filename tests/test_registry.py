@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from psych_sandbox_core import registry as registry_module
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
 from psych_sandbox_core.errors import ConfigurationError
 from psych_sandbox_core.hookspecs import hookimpl
@@ -75,6 +76,47 @@ def test_the_cores_own_backend_loads_without_reading_any_distribution(
         "psych-sandbox-core",
         psych_sandbox_core.__version__,
     )
+
+
+def _no_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make a scan of every installed distribution (pluggy's loader) fail the test."""
+    import importlib.metadata
+
+    def unread(*args: object, **kwargs: object) -> Any:
+        raise AssertionError("installed distributions were scanned")
+
+    monkeypatch.setattr(importlib.metadata, "distributions", unread)
+
+
+def test_a_first_party_backend_loads_from_its_own_distribution_without_a_scan(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _plugin_module(site, "psych_pin_plugin_f", "PinF", "pin_f")
+    _distribution(site, "psych-pin-first", "2.7", {"pin_f": "psych_pin_plugin_f"})
+    monkeypatch.setitem(registry_module.KNOWN_DISTRIBUTIONS, "pin_f", "psych-pin-first")
+    _no_scan(monkeypatch)
+    registered = BackendRegistry().get("pin_f")
+    assert registered.cls.__module__ == "psych_pin_plugin_f"
+    assert (registered.distribution, registered.version) == ("psych-pin-first", "2.7")
+
+
+def test_a_first_party_id_served_by_another_distribution_is_found_by_the_scan(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its own distribution is not installed: the scan finds whoever provides the id.
+    _plugin_module(site, "psych_pin_plugin_g", "PinG", "pin_g")
+    _distribution(site, "psych-pin-other", "0.3", {"pin_g": "psych_pin_plugin_g"})
+    monkeypatch.setitem(registry_module.KNOWN_DISTRIBUTIONS, "pin_g", "psych-pin-absent")
+    registered = BackendRegistry().get("pin_g")
+    assert (registered.distribution, registered.version) == ("psych-pin-other", "0.3")
+
+
+def test_a_broken_first_party_plugin_is_named(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _distribution(site, "psych-pin-first-broken", "1.0", {"pin_h": "no_such_module_pin_h"})
+    monkeypatch.setitem(registry_module.KNOWN_DISTRIBUTIONS, "pin_h", "psych-pin-first-broken")
+    _no_scan(monkeypatch)
+    with pytest.raises(ConfigurationError, match="'pin_h' failed to load: No module named"):
+        BackendRegistry().get("pin_h")
 
 
 def test_a_backend_id_loads_only_its_own_entry_point(site: Path) -> None:

@@ -1,13 +1,15 @@
 """What a command imports before it does anything: ``psych-sandbox --help`` and a usage error
 import no model, plugin manager or backend, and importing the package imports none of its
 submodules. Judged structurally, from the modules a fresh interpreter actually imported
-(``-X importtime`` lists each one), never by timing."""
+(``-X importtime`` lists each one, and ``sys.modules`` holds them at exit), never by timing."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,20 +30,76 @@ CORE_MACHINERY = (
 )
 
 
-def imported_by(*argv: str) -> set[str]:
-    """Every module a fresh interpreter imported while running ``argv``."""
+#: What ``run`` of a plain program never needs: the commands' and integrations' modules,
+#: the exporter (only with --artifacts), the durable run log's database (only with a run id),
+#: the TOML reader (only with a configuration file), the metadata backport (doctor and
+#: --version), and the MCP and HTTP stacks.
+RUN_NEVER = (
+    "mcp",
+    "httpx",
+    "sqlite3",
+    "tomllib",
+    "tomli",
+    "importlib_metadata",
+    "smolagents",
+    "pydantic_ai",
+    "psych_sandbox_core.artifact_export",
+    "psych_sandbox_core.doctor",
+    "psych_sandbox_core.versions",
+    "psych_sandbox_core.libraries",
+    "psych_sandbox_core.mcp_bindings",
+    "psych_sandbox_core.mcp_server",
+    "psych_sandbox_core.service_kit",
+    "psych_sandbox_core.provider_shapes",
+    "psych_sandbox_core.pydantic_ai_toolset",
+    "psych_sandbox_core.smolagents_executor",
+    "psych_sandbox_core.sync_sandbox",
+    "psych_sandbox_core.bootstrap",
+)
+
+
+#: Prints every module in ``sys.modules`` as the interpreter exits. ``-X importtime`` alone
+#: misses a module imported through importlib.import_module (as plugins are loaded).
+_EXIT_PROBE = (
+    "import atexit, json, sys\n"
+    "atexit.register(lambda: print('\\n' + {mark!r} + json.dumps(sorted(sys.modules)),"
+    " file=sys.stderr))\n"
+)
+_MARK = "psych-startup-modules: "
+
+
+def imported_by(
+    *argv: str, env: dict[str, str] | None = None, expect: int | None = None
+) -> set[str]:
+    """Every module a fresh interpreter imported while running ``argv`` (``-c CODE`` or
+    ``-m MODULE ARGS...``), which exited with ``expect`` when given."""
+    probe = _EXIT_PROBE.format(mark=_MARK)
+    if argv[0] == "-c":
+        code = probe + argv[1]
+    else:
+        assert argv[0] == "-m"
+        code = (
+            probe + f"import runpy\nsys.argv = {[argv[1], *argv[2:]]!r}\n"
+            f"runpy.run_module({argv[1]!r}, run_name='__main__', alter_sys=True)\n"
+        )
     completed = subprocess.run(
-        [sys.executable, "-X", "importtime", *argv],
+        [sys.executable, "-X", "importtime", "-c", code],
         capture_output=True,
         text=True,
         timeout=60,
+        env=env,
     )
     modules = {
         line.rsplit("|", 1)[1].strip()
         for line in completed.stderr.splitlines()
         if line.startswith("import time:") and "|" in line
     }
+    at_exit = [line for line in completed.stderr.splitlines() if line.startswith(_MARK)]
+    assert len(at_exit) == 1, completed.stderr[-2000:]
+    modules |= set(json.loads(at_exit[0][len(_MARK) :]))
     assert "psych_sandbox_core" in modules, completed.stderr[-2000:]
+    if expect is not None:
+        assert completed.returncode == expect, completed.stderr[-2000:]
     return modules
 
 
@@ -85,6 +143,27 @@ def test_help_and_usage_errors_import_no_model_plugin_or_backend(argv: list[str]
     assert plugin_packages(modules) == []
 
 
+def test_run_imports_only_what_running_a_program_needs(tmp_path: Path) -> None:
+    program = tmp_path / "print1.py"
+    program.write_text("print(1)\n")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("PSYCH_SANDBOX_CONFIG", None)
+    modules = imported_by(
+        "-m",
+        "psych_sandbox_core",
+        "run",
+        "--profile",
+        "subprocess",
+        str(program),
+        env=env,
+        expect=0,
+    )
+    assert {"psych_sandbox_core.host", "psych_sandbox_core.backends.subprocess"} <= modules
+    assert offending(modules, RUN_NEVER) == []
+    # Only the backend the profile names: no other plugin is loaded, or even imported.
+    assert plugin_packages(modules) == []
+
+
 def test_importing_the_package_imports_no_submodule() -> None:
     modules = imported_by("-c", "import psych_sandbox_core")
     assert offending(modules, HEAVY) == []
@@ -124,3 +203,38 @@ def test_public_names_are_the_defining_modules_objects() -> None:
         defined_config,
         defined_level_of,
     )
+
+
+def test_the_command_runs_a_program_with_the_collector_on_and_its_start_up_frozen(
+    tmp_path: Path,
+) -> None:
+    # Read in the command's own process, by a tool the program calls while it runs: the
+    # collector paused for the start-up is running again, with the start-up frozen out.
+    tools = tmp_path / "tools.py"
+    tools.write_text(
+        "import gc\ndef collector():\n    return [gc.isenabled(), gc.get_freeze_count() > 0]\n"
+    )
+    program = tmp_path / "program.py"
+    program.write_text("return await collector()\n")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("PSYCH_SANDBOX_CONFIG", None)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "psych_sandbox_core",
+            "run",
+            str(program),
+            "--tools",
+            str(tools),
+            "--json",
+            "--profile",
+            "subprocess",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert json.loads(completed.stdout)["return_value"] == [True, True]
