@@ -127,13 +127,11 @@ class WarmPool:
         self._last_used = anyio.current_time()
         child = self._ready.popleft() if self._ready else None
         if child is None:
-            if self._settings.automatic:
-                # Fill alongside a cold run: a Sandbox running its second program is a
-                # long-lived one, and the children it will want take a start-up to prepare.
-                self.refill()
             try:
                 return await execute(self._backend, plan)
             finally:
+                # Only now: a child prepared alongside would take what this run needs first
+                # (one of a small identity range's uids, say).
                 self.refill()
         try:
             result = await child.serve(plan)

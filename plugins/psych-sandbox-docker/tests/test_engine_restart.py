@@ -135,8 +135,13 @@ async def test_an_engine_restarted_mid_execution_is_its_own_failure_and_leaves_n
         await release.wait()
         return 1
 
+    # Cold executions only: a prepared child's container would be one more on the engine.
     config = DeploymentConfig(
-        profiles={PROFILE: ProfileConfig(backend="docker", limits=ExecutionLimits(**FAST_LIMITS))}
+        profiles={
+            PROFILE: ProfileConfig(
+                backend="docker", limits=ExecutionLimits(**FAST_LIMITS), warm=0
+            )
+        }
     )
     async with Sandbox(config) as sandbox:
         result = None
