@@ -554,6 +554,9 @@ class _Container(Launched):
         self._memory_bytes = memory_bytes
         self._cgroup_name = cgroup_name
         self._id: str | None = None
+        #: Whether a create request went out: the container may exist under its name even
+        #: though its id never came back (the request cancelled while the engine answered).
+        self._create_sent = False
         self._status: ExitStatus | None = None
         self._killed = False
         self._removed = False
@@ -578,6 +581,7 @@ class _Container(Launched):
         """Create the container, attach to its output and register for its exit before it
         starts (so neither a byte nor the exit can be missed), then start it."""
         engine = self.backend.engine
+        self._create_sent = True
         try:
             created = await self.client.request(
                 "POST", "/containers/create", query={"name": self.name}, body=body
@@ -699,7 +703,7 @@ class _Container(Launched):
     async def remove(self) -> None:
         """Force-remove the container with its anonymous volumes; the engine kills whatever
         still runs. Idempotent."""
-        if self._removed or self._id is None:
+        if self._removed or (self._id is None and not self._create_sent):
             return
         self._removed = True
         try:
@@ -719,10 +723,11 @@ class _Container(Launched):
         # The API refused or broke: the engine's own client is the last resort; if even that
         # fails the backend removes it before its next launch, and the labels let the reaper
         # finish the job once this host is gone.
-        if self.backend.cli is not None and self._id is not None:
-            code, _, _ = await self.backend.engine_command("rm", "-f", "--volumes", self._id)
+        ref = self._id or self.name
+        if self.backend.cli is not None:
+            code, _, _ = await self.backend.engine_command("rm", "-f", "--volumes", ref)
             if code != 0:
-                self.backend.unremoved.add(self._id)
+                self.backend.unremoved.add(ref)
 
     async def close_streams(self) -> None:
         for opened in (self._demux.attached, self._waiter):
