@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox, cgroups
+from psych_sandbox_core.backend import ProcessLaunched
 from psych_sandbox_core.phases import recording
 
 from .conftest import FAST_LIMITS, marker, pids_with, wait_for_pids
@@ -228,8 +230,47 @@ async def test_a_warm_result_comes_before_the_teardown_only_when_nothing_of_the_
     assert result.return_value == "done"
     # The host walks this backend's workspace: the files are there either way.
     assert [(a.path, a.size_bytes) for a in result.artifacts] == [("a.txt", 1)]
-    if leaves_a_process:
-        # Something of the program may still write there: the result waits for the teardown.
-        assert "result handed back" not in points, points
-    else:
+    if not leaves_a_process:
         assert points.index("result handed back") < points.index("reaped"), points
+    # With a process left, either path is right: the early one only once the kernel had
+    # already ended it with the pid namespace's init (the bootstrap exits right after its
+    # result); which one is decided by the cgroup, as below.
+
+
+class _Checked(ProcessLaunched):  # type: ignore[type-arg]
+    """Only the process checks of a started child, without a process."""
+
+    async def terminate(self, grace_seconds: float) -> None:
+        raise NotImplementedError
+
+    async def finish(self) -> Any:
+        raise NotImplementedError
+
+
+class _Cgroup:
+    """Stands in for an execution's cgroup: only its process list is read here."""
+
+    def __init__(self, *states: set[int] | None) -> None:
+        self.states = list(states)
+
+    def processes(self) -> set[int] | None:
+        return self.states.pop(0)
+
+
+@pytest.mark.parametrize(
+    ("before", "at_marker", "early"),
+    [
+        ({10, 11, 12}, {10, 11, 12}, True),
+        ({10, 11, 12}, {10}, True),  # the child's own, exiting after its result
+        ({10, 11, 12}, {10, 11, 13}, False),  # one the program started
+        ({10, 11, 12}, None, False),  # unreadable: never taken for "only its own"
+        (None, {10}, False),
+    ],
+)
+def test_only_the_childs_own_processes_let_a_walked_result_come_early(
+    before: set[int] | None, at_marker: set[int] | None, early: bool
+) -> None:
+    launched = object.__new__(_Checked)
+    launched.cgroup = _Cgroup(before, at_marker)  # type: ignore[assignment]
+    assert launched.before_program() is (before is not None)
+    assert launched.only_processes_from_before() is early

@@ -583,9 +583,12 @@ class _Container(Launched):
         engine = self.backend.engine
         self._create_sent = True
         try:
-            created = await self.client.request(
-                "POST", "/containers/create", query={"name": self.name}, body=body
-            )
+            # Not cut short (the request has its own deadline): a create cancelled midway
+            # may still be completed by the engine after a removal by name found nothing.
+            with anyio.CancelScope(shield=True):
+                created = await self.client.request(
+                    "POST", "/containers/create", query={"name": self.name}, body=body
+                )
         except api.EngineStatusError as exc:
             if exc.status == 404 or "no such image" in exc.message.lower():
                 raise BackendUnavailable(

@@ -1,6 +1,6 @@
-"""An execution cancelled while the engine answers its create request: the container exists
-under its name though its id never came back, and the teardown removes it by that name.
-Asserted against a real engine, from the host side."""
+"""An execution cancelled while its create request is in flight: the request is not cut short
+(the engine may complete a create whose caller went away), so the container's id comes back
+and the teardown removes it. Asserted against a real engine, from the host side."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ async def test_a_run_cancelled_as_its_container_is_created_leaves_no_container(
     async def answered_then_held(self: api.EngineClient, method: str, path: str, **kw: Any) -> Any:
         answer = await request(self, method, path, **kw)
         if path == "/containers/create":
-            # The engine made the container; the caller goes away before reading its id.
+            # The engine made the container; the caller is cancelled before reading its id.
             created.set()
-            await anyio.sleep_forever()
+            await anyio.sleep(0.5)
         return answer
 
     monkeypatch.setattr(api.EngineClient, "request", answered_then_held)
