@@ -146,23 +146,22 @@ class ExecutionCgroup:
         self._join_fds.clear()
 
     def pids(self) -> set[int]:
-        found: set[int] = set()
-        for directory in self.directories:
-            try:
-                text = (directory / "cgroup.procs").read_text()
-            except OSError:
-                continue
-            found.update(int(line) for line in text.split() if line.isdigit())
-        return found
+        """The processes found in the directories that can be read (to kill stragglers)."""
+        return self._procs(skip_unreadable=True) or set()
 
     def processes(self) -> set[int] | None:
         """The processes in the cgroup, or None when any of its directories cannot be read
         (an empty set is then never mistaken for an empty cgroup)."""
+        return self._procs(skip_unreadable=False)
+
+    def _procs(self, *, skip_unreadable: bool) -> set[int] | None:
         found: set[int] = set()
         for directory in self.directories:
             try:
                 text = (directory / "cgroup.procs").read_text()
             except OSError:
+                if skip_unreadable:
+                    continue
                 return None
             found.update(int(line) for line in text.split() if line.isdigit())
         return found

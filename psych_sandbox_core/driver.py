@@ -296,18 +296,21 @@ class ChildDriver:
         if not (self._stdout.marker_seen and self._stderr.marker_seen):
             return False
         launched = self._launched
-        if host_walks(launched, plan):
-            if not launched.only_processes_from_before():
-                return False  # something the program started may still write its files
-            # The program has ended and nothing of it is left: its files are final.
-            self._collection = await anyio.to_thread.run_sync(
-                collect_artifacts, plan.output, launched.workspace_path
-            )
+        walks = host_walks(launched, plan)
+        if walks and not launched.only_processes_from_before():
+            return False  # something the program started may still write its files
         # A collecting run: its channel is read to its end (the child closes it by exiting)
         # before anything it sent counts, as in the teardown.
         await self._talk.nothing_after_result()
         await self._talk.release_held()
-        return conversation.violation is None
+        if conversation.violation is not None:
+            return False
+        if walks:
+            # The program has ended and nothing of it is left: its files are final.
+            self._collection = await anyio.to_thread.run_sync(
+                collect_artifacts, plan.output, launched.workspace_path
+            )
+        return True
 
     def _channel_collection(self) -> Collection | None:
         """What a collection over the channel produced, or None when the host walks the

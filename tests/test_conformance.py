@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from psych_sandbox_core import cgroups
 from psych_sandbox_core.testing.conformance import BackendConformance
+from psych_sandbox_core.testing.host import execution_cgroups_here
 
 
 class TestSubprocessConformance(BackendConformance):
@@ -17,6 +17,6 @@ class TestSubprocessConformance(BackendConformance):
     runs_commands = True
     # With a cgroup of the execution's own, usage is read while the child lives and the
     # cgroup tells that nothing of the program is left to write to the workspace.
-    early_result = os.geteuid() == 0 and isinstance(cgroups.detect(), cgroups.CgroupHost)
+    early_result = execution_cgroups_here()
     # The system's interpreter: the test's own may live where a leased uid cannot reach.
     command_python = shutil.which("python3", path=os.defpath)

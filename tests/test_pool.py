@@ -10,9 +10,10 @@ from typing import Any
 import anyio
 import pytest
 
-from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox, cgroups
+from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core.backend import ProcessLaunched
 from psych_sandbox_core.phases import recording
+from psych_sandbox_core.testing.host import execution_cgroups_here
 
 from .conftest import FAST_LIMITS, marker, pids_with, wait_for_pids
 
@@ -207,7 +208,7 @@ async def test_an_idle_pool_shrinks_to_nothing_and_fills_again() -> None:
 
 #: Whether this host gives an execution a cgroup of its own (root, a writable hierarchy):
 #: what a subprocess child needs to hand a warm result back before its teardown.
-CGROUPS = os.geteuid() == 0 and isinstance(cgroups.detect(), cgroups.CgroupHost)
+CGROUPS = execution_cgroups_here()
 
 
 @pytest.mark.skipif(not CGROUPS, reason="no per-execution cgroups on this host")

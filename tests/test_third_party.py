@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from psych_sandbox_core import Sandbox, cgroups
+from psych_sandbox_core import Sandbox
 from psych_sandbox_core.doctor import diagnose
 from psych_sandbox_core.profiles import DeploymentConfig
 from psych_sandbox_core.registry import BackendRegistry
 from psych_sandbox_core.testing.conformance import BackendConformance
+from psych_sandbox_core.testing.host import execution_cgroups_here
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "psych-sandbox-example-backend"
 DISTRIBUTION = "psych-sandbox-example-backend"
@@ -96,7 +97,7 @@ class TestExampleConformance(BackendConformance):
     environment = frozenset({"TMPDIR"})
     # The subprocess backend's launch, early results included (where executions get a
     # cgroup of their own).
-    early_result = os.geteuid() == 0 and isinstance(cgroups.detect(), cgroups.CgroupHost)
+    early_result = execution_cgroups_here()
 
     # Its limits are the subprocess mechanism's own, timed out in test_conformance.py already.
     test_cpu_loop_is_a_timeout = None  # type: ignore[assignment]

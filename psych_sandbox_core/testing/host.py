@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import anyio
 
-from .. import cgroupfs
+from .. import cgroupfs, cgroups
 from ..errors import ConfigurationError
 from ..identity import IdentityExhausted, IdentityLease, IdentityRange
 
@@ -309,6 +309,12 @@ def reap_children(pids: set[int]) -> None:
     for pid in pids:
         with suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
+
+
+def execution_cgroups_here() -> bool:
+    """Whether executions get a cgroup of their own on this host (root, with a hierarchy it
+    can write): what a bwrap or subprocess warm result needs to come back before teardown."""
+    return os.geteuid() == 0 and isinstance(cgroups.detect(), cgroups.CgroupHost)
 
 
 def cgroup_directories() -> frozenset[str]:

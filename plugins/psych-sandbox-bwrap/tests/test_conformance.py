@@ -5,12 +5,11 @@ and size-capped memory-backed filesystems."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, ClassVar
 
 from bwrap_support import requires_bwrap
-from psych_sandbox_core import cgroups
 from psych_sandbox_core.testing.conformance import BackendConformance
+from psych_sandbox_core.testing.host import execution_cgroups_here
 
 NOBODY = 65534
 
@@ -27,7 +26,7 @@ class TestBwrapConformance(BackendConformance):
     capped_filesystems = True
     # Where the execution has a cgroup of its own (a root host that can make one), usage
     # is read while the child lives and a warm result does not wait for the teardown.
-    early_result = os.geteuid() == 0 and isinstance(cgroups.detect(), cgroups.CgroupHost)
+    early_result = execution_cgroups_here()
     # Every execution's bwrap as one host uid: whatever else runs as it holds every
     # capability in the running sandboxes.
     shared_identity: ClassVar[tuple[dict[str, Any], tuple[int, int]] | None] = (
