@@ -12,14 +12,17 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from functools import cache
 from pathlib import Path
+
+from ..temp_dirs import make_owned_directory
 
 #: The system interpreter an unprivileged user can run (the test environment's may live
 #: under a home directory it cannot enter).
 SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 #: Test-only tools nothing run as the user imports: left out of the staged copy.
+#: The staged copies' directories in the temporary directory.
+STAGING_PREFIX = "psych-as-user-"
 _NOT_NEEDED = ("mypy", "mypyc", "hypothesis", "ruff", "_pytest", "pytest", "trio", "pip")
 
 
@@ -49,7 +52,9 @@ def staged_environment(
     The checkout (and the environment inside it) may live below a directory other users
     cannot enter, such as /root; a test must not depend on where it was cloned.
     """
-    root = Path(tempfile.mkdtemp(prefix="psych-as-user-"))
+    # Named for this process, so a later one reaps it should this one be killed before its
+    # exit handlers run (a test run's worker ended by a timeout, for example).
+    root = Path(make_owned_directory(STAGING_PREFIX))
     atexit.register(shutil.rmtree, root, True)
     site = root / "site"
     packages = Path(sysconfig.get_paths()["purelib"])
