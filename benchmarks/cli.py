@@ -11,7 +11,9 @@ is the median of N runs of a fresh process; it prints:
   remembered (a trial execution first; a fresh state directory each time);
 - each ratio to `python -c pass` next to its target (`--help` under 3x, `run` under 6x);
 - what importing the package costs (`import psych_sandbox_core`, and the modules `run`
-  needs, `import psych_sandbox_core.sandbox`), minus the floor;
+  needs, `import psych_sandbox_core.sandbox`), minus the floor, and what importing the core's
+  required runtime libraries alone costs (anyio, pluggy, pydantic with `BaseModel`): the part
+  of `run` that no change inside the core can take off its path;
 - beside each, the CPU time the command and its children used (user + system), which other
   work on the machine inflates far less than wall time: a ratio of CPU times to the floor's
   says what the command costs when the machine is shared;
@@ -132,6 +134,12 @@ def time_once(argv: Sequence[str], env: dict[str, str], expect: int = 0) -> tupl
     return elapsed, _children_cpu() - cpu
 
 
+#: What no command that runs a program through the core can avoid importing: its required
+#: runtime libraries, including what defining one pydantic model needs.
+REQUIRED = "import the core's required libraries"
+REQUIRED_IMPORTS = "import anyio, pluggy, pydantic; from pydantic import BaseModel"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
@@ -155,6 +163,7 @@ def main() -> None:
             "python -c pass": ([python, "-c", "pass"], lambda: env),
             "python -I -c pass": ([python, "-I", "-c", "pass"], lambda: env),
             "import psych_sandbox_core": ([python, "-c", "import psych_sandbox_core"], lambda: env),
+            REQUIRED: ([python, "-c", REQUIRED_IMPORTS], lambda: env),
             "import psych_sandbox_core.sandbox": (
                 [python, "-c", "import psych_sandbox_core.sandbox"],
                 lambda: env,
@@ -205,7 +214,7 @@ def main() -> None:
     floor, floor_cpu = median["python -c pass"], cpu["python -c pass"]
     print(f"floor `{python} -c pass`     median {floor * 1e3:7.2f} ms (cpu {floor_cpu * 1e3:.1f})")
     print(f"floor `python -I -c pass`   median {median['python -I -c pass'] * 1e3:7.2f} ms")
-    for name in ("import psych_sandbox_core", "import psych_sandbox_core.sandbox"):
+    for name in ("import psych_sandbox_core", "import psych_sandbox_core.sandbox", REQUIRED):
         cost = median[name] - floor
         print(
             f"{name:<35} {cost * 1e3:7.2f} ms above the floor ({median[name] / floor:5.2f}x; "
