@@ -1,77 +1,11 @@
-"""The docker backend passes the shared behaviour suite, under runc and under gVisor, with the
-tests of what it declares: a filesystem boundary, a workspace the host cannot reach, a uid
-leased per container on a root host, and size-capped memory-backed filesystems."""
+"""The docker backend passes the shared behaviour suite under runc, with the tests of what it
+declares: a filesystem boundary, a workspace the host cannot reach, a uid leased per container
+on a root host, and size-capped memory-backed filesystems (see docker_conformance.py)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-from typing import Any, ClassVar
-
-import pytest
-from docker_support import held_by, leftover_containers
-from psych_sandbox_core.testing.conformance import BackendConformance
-
-#: Addresses on the host's side of a container network: the engine's bridge and the cloud
-#: metadata service.
-ENGINE_SIDE = (("172.17.0.1", 2375), ("169.254.169.254", 80))
-NOBODY = 65534
+from docker_conformance import DockerConformance
 
 
-@pytest.mark.usefixtures("engine")
-class TestDockerConformance(BackendConformance):
-    backend = "docker"
-    options: ClassVar[dict[str, Any]] = {"runtime": "runc"}
-    level = "isolated"
-    runs_commands = True
-    # The image holds the interpreter and its libraries only: no /bin/sh.
-    has_shell = False
-    enforced = frozenset(
-        {"filesystem", "network", "process_tree", "identity", "memory", "process_count"}
-    )
-    unreachable = ENGINE_SIDE
-    workspace_path = "/workspace"
-    # A tmpfs in the container: artifacts come over the channel.
-    workspace_on_host = False
-    capped_filesystems = True
-    # A warm result does not wait for the container's removal.
-    early_result = True
-    # runc maps no user namespace: a container's uid is a host uid, and shared, any program
-    # on the host under it reads a running container's workspace.
-    shared_identity: ClassVar[tuple[dict[str, Any], tuple[int, int]] | None] = (
-        {"container_uid": NOBODY, "container_gid": NOBODY},
-        (NOBODY, NOBODY),
-    )
-
-    def leftovers(self) -> list[str]:
-        stale = [
-            str(path)
-            for path in Path(tempfile.gettempdir()).glob(f"psych-docker-{os.getpid()}-*")
-        ]
-        return leftover_containers() + stale
-
-    holds_resources = True
-
-    def resources_of(self, host_pid: int) -> list[str]:
-        return held_by(host_pid)
-
-
-class TestGvisorConformance(TestDockerConformance):
-    options: ClassVar[dict[str, Any]] = {"runtime": "runsc"}
-    # The pids cgroup is the process limit only under runc (see the README).
-    enforced = TestDockerConformance.enforced - {"process_count"}
-    # The program's processes live in gVisor's own kernel, not in the host's /proc: what is
-    # left is judged by the containers left.
-    processes_visible = False
-
-    # Commands: the same backend and plugin code as the docker class above; only whether the
-    # runtime ends the whole tree is the runtime's own.
-    test_a_command_runs_where_a_program_runs = None  # type: ignore[assignment]
-    test_a_string_is_run_by_a_shell_only_when_asked = None  # type: ignore[assignment]
-
-    @pytest.fixture
-    def anyio_backend(self) -> str:
-        # The same plugin code as the docker class above, which runs every test on both
-        # loops; only the runtime differs, and a runtime does not see the host's event loop.
-        return "asyncio"
+class TestDockerConformance(DockerConformance):
+    pass
