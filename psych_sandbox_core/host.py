@@ -94,6 +94,8 @@ class PreparedChild:
         #: its backend cannot say).
         self.memory_bytes = memory_bytes
         self._assigned = anyio.Event()
+        #: The wait for the program (or the child's exit): cancelled by whoever assigns one.
+        self._waiting: anyio.CancelScope | None = None
         self._done = anyio.Event()
         self._plan: ExecutionPlan | None = None
         self._result: ExecutionResult | None = None
@@ -107,7 +109,7 @@ class PreparedChild:
             raise RuntimeError("a prepared child serves exactly one program")
         cancel = plan.cancel if plan.cancel is not None else anyio.Event()
         self._plan = dataclasses.replace(plan, cancel=cancel)
-        self._assigned.set()
+        self._assign()
         try:
             await self._done.wait()
         except BaseException:
@@ -122,23 +124,26 @@ class PreparedChild:
         """Tear this child down without a program (a pool shrinking or over its budget)."""
         if not self._assigned.is_set():
             self._plan = None
-            self._assigned.set()
+            self._assign()
+
+    def _assign(self) -> None:
+        self._assigned.set()
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     async def _wait_for_plan(self, launched: Launched) -> ExecutionPlan | None:
         """The program, or None if the child exits first or is discarded."""
-        exited = False
-        async with anyio.create_task_group() as tg:
-
-            async def watch_child() -> None:
-                nonlocal exited
-                await launched.wait_exited()
-                exited = True
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch_child)
-            await self._assigned.wait()
-            tg.cancel_scope.cancel()
-        return None if exited else self._plan
+        # The wait for the child's exit is cut short by the assignment itself (no watcher
+        # task to start, cancel and wait for on the program's path).
+        self._waiting = anyio.CancelScope()
+        try:
+            with self._waiting:
+                if not self._assigned.is_set():
+                    await launched.wait_exited()
+                    return None  # it exited first
+        finally:
+            self._waiting = None
+        return self._plan
 
     def _finish(self, result: ExecutionResult | None, error: Exception | None = None) -> None:
         if self._done.is_set():
