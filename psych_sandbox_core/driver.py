@@ -149,9 +149,7 @@ class ChildDriver:
         self._collection = self._channel_collection()
         if self._collection is None:
             # The program has ended and its workspace still exists: collect now.
-            self._collection = await anyio.to_thread.run_sync(
-                collect_artifacts, plan.output, launched.workspace_path
-            )
+            self._collection = await _collected(plan, launched.workspace_path)
 
     async def _supervise(self, plan: ExecutionPlan, early: EarlyDelivery | None) -> ExitStatus:
         launched = self._launched
@@ -283,9 +281,7 @@ class ChildDriver:
 
     # ------------------------------------------------------------------ after the result
 
-    async def _complete_before_exit(
-        self, plan: ExecutionPlan, settled: list[anyio.Event]
-    ) -> bool:
+    async def _complete_before_exit(self, plan: ExecutionPlan, settled: list[anyio.Event]) -> bool:
         """Whether the program's output and result are complete before the child's exit was
         even reported: a result frame, nothing wrong so far, and both end markers seen."""
         conversation = self.conversation
@@ -307,9 +303,7 @@ class ChildDriver:
             return False
         if walks:
             # The program has ended and nothing of it is left: its files are final.
-            self._collection = await anyio.to_thread.run_sync(
-                collect_artifacts, plan.output, launched.workspace_path
-            )
+            self._collection = await _collected(plan, launched.workspace_path)
         return True
 
     def _channel_collection(self) -> Collection | None:
@@ -378,6 +372,22 @@ class ChildDriver:
         stdout = self._stdout or StreamCapture(plan.limits.stdout_bytes)
         stderr = self._stderr or StreamCapture(plan.limits.stderr_bytes)
         return Ending(happened, stdout, stderr, collection, calls)
+
+
+async def _collected(plan: ExecutionPlan, workspace: str | None) -> Collection | None:
+    """The workspace's artifacts (collect_artifacts): in a worker thread, since a program can
+    leave many files, except for an empty workspace, whose walk costs less than the hop."""
+    if workspace is not None and _empty_directory(workspace):
+        return collect_artifacts(plan.output, workspace)
+    return await anyio.to_thread.run_sync(collect_artifacts, plan.output, workspace)
+
+
+def _empty_directory(path: str) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 async def _drain(
