@@ -76,6 +76,8 @@ class ChildDriver:
         self._delivered: ExecutionResult | None = None
         self.startup_failure: str | None = None
         self.cancelled = False
+        #: The program's wall clock while it is supervised (cancel() ends it early).
+        self._wall: anyio.CancelScope | None = None
         self.timed_out = False
         self.cpu_spent_with_host = False
 
@@ -162,6 +164,7 @@ class ChildDriver:
             drains.start_soon(_drain, self._stderr, launched.stderr, drained[1], settled[1])
             try:
                 with anyio.move_on_after(plan.limits.wall_seconds) as wall:
+                    self._wall = wall
                     if plan.cancel is not None:
                         drains.start_soon(self._watch_cancel, plan.cancel, wall)
                     try:
@@ -186,6 +189,7 @@ class ChildDriver:
                         else:
                             await launched.wait_exited()
                             mark("exited")
+                self._wall = None
                 if wall.cancelled_caught:
                     self.timed_out = not self.cancelled
                     await launched.terminate(plan.limits.grace_seconds)
@@ -271,6 +275,15 @@ class ChildDriver:
         await event.wait()
         self.cancelled = True
         scope.cancel()
+
+    def cancel(self) -> None:
+        """End the execution as cancelled, as a set cancel event does (from the task of a
+        caller that went away: no task waits on an event for it). Nothing once it is over."""
+        if self._status is not None:
+            return
+        self.cancelled = True
+        if self._wall is not None:
+            self._wall.cancel()
 
     def _seen_late(self, wall: anyio.CancelScope) -> None:
         """An end the host saw only after the deadline is a timeout all the same: the

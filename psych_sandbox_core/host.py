@@ -10,7 +10,6 @@ What happens between host and child is the driver's (driver.py) and the conversa
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 
@@ -98,6 +97,8 @@ class PreparedChild:
         self._waiting: anyio.CancelScope | None = None
         self._done = anyio.Event()
         self._plan: ExecutionPlan | None = None
+        #: The child's driver, told directly when the caller goes away.
+        self._driver: ChildDriver | None = None
         self._result: ExecutionResult | None = None
         self._error: Exception | None = None
 
@@ -107,14 +108,16 @@ class PreparedChild:
         that allows it is before the child's teardown has finished."""
         if self._assigned.is_set():
             raise RuntimeError("a prepared child serves exactly one program")
-        cancel = plan.cancel if plan.cancel is not None else anyio.Event()
-        self._plan = dataclasses.replace(plan, cancel=cancel)
+        self._plan = plan
         self._assign()
         try:
             await self._done.wait()
         except BaseException:
             # The caller went away: the execution must not outlive it.
-            cancel.set()
+            if plan.cancel is not None:
+                plan.cancel.set()
+            if self._driver is not None:
+                self._driver.cancel()
             raise
         if self._error is not None:
             raise self._error
@@ -197,12 +200,15 @@ async def _hold(
                         not_prepared = await _prepared(child)
                         if not_prepared is None:
                             prepared = PreparedChild(launched.memory_bytes_now())
+                            prepared._driver = child
                             task_status.started(prepared)
                             plan = await _given(prepared, child, launched, on_gone)
                         if plan is not None:
                             given = True
                             started = time.monotonic()
-                            child.cancelled = plan.cancel is not None and plan.cancel.is_set()
+                            child.cancelled = child.cancelled or (
+                                plan.cancel is not None and plan.cancel.is_set()
+                            )
                             await child.run(plan, started, early)
                 except BackendUnavailable as exc:
                     if prepared is not None:
