@@ -158,7 +158,7 @@ class ExecutionCgroup:
         found: set[int] = set()
         for directory in self.directories:
             try:
-                text = (directory / "cgroup.procs").read_text()
+                text = _read(directory / "cgroup.procs")
             except OSError:
                 if skip_unreadable:
                     continue
@@ -231,18 +231,37 @@ class ExecutionCgroup:
         """Kill stragglers, then rmdir every directory: the kernel's proof that the tree is
         gone when every one was removed, else None (one is left behind)."""
         self.close_join_fds()
+        # Usually emptied already (its usage was read once it was): the kernel removes only
+        # an empty cgroup, so try that first and drain only when it refuses.
+        removed = remove_execution_cgroup(self.directories)
+        if removed is not None:
+            return removed
         await self.drain()
-        return remove_execution_cgroup(self.directories)
+        left = [directory for directory in self.directories if directory.exists()]
+        proof = remove_execution_cgroup(left)
+        # Proof only of a whole cgroup removed by one call (not of a part left over).
+        return proof if len(left) == len(self.directories) else None
 
 
 def _read(path: Path) -> str:
-    with open(path) as fh:
-        return fh.read()
+    # Read raw: a text file object costs more than a small cgroup file's read itself, and
+    # several are read per execution.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
 
 
 def _write(path: Path, value: str) -> None:
-    with open(path, "w") as fh:
-        fh.write(value)
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _keyed(text: str) -> dict[str, int]:

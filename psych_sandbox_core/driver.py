@@ -76,6 +76,8 @@ class ChildDriver:
         self._delivered: ExecutionResult | None = None
         self.startup_failure: str | None = None
         self.cancelled = False
+        #: The program's wall clock while it is supervised (cancel() ends it early).
+        self._wall: anyio.CancelScope | None = None
         self.timed_out = False
         self.cpu_spent_with_host = False
 
@@ -149,9 +151,7 @@ class ChildDriver:
         self._collection = self._channel_collection()
         if self._collection is None:
             # The program has ended and its workspace still exists: collect now.
-            self._collection = await anyio.to_thread.run_sync(
-                collect_artifacts, plan.output, launched.workspace_path
-            )
+            self._collection = await _collected(plan, launched.workspace_path)
 
     async def _supervise(self, plan: ExecutionPlan, early: EarlyDelivery | None) -> ExitStatus:
         launched = self._launched
@@ -164,6 +164,7 @@ class ChildDriver:
             drains.start_soon(_drain, self._stderr, launched.stderr, drained[1], settled[1])
             try:
                 with anyio.move_on_after(plan.limits.wall_seconds) as wall:
+                    self._wall = wall
                     if plan.cancel is not None:
                         drains.start_soon(self._watch_cancel, plan.cancel, wall)
                     try:
@@ -188,6 +189,7 @@ class ChildDriver:
                         else:
                             await launched.wait_exited()
                             mark("exited")
+                self._wall = None
                 if wall.cancelled_caught:
                     self.timed_out = not self.cancelled
                     await launched.terminate(plan.limits.grace_seconds)
@@ -274,6 +276,15 @@ class ChildDriver:
         self.cancelled = True
         scope.cancel()
 
+    def cancel(self) -> None:
+        """End the execution as cancelled, as a set cancel event does (from the task of a
+        caller that went away: no task waits on an event for it). Nothing once it is over."""
+        if self._status is not None:
+            return
+        self.cancelled = True
+        if self._wall is not None:
+            self._wall.cancel()
+
     def _seen_late(self, wall: anyio.CancelScope) -> None:
         """An end the host saw only after the deadline is a timeout all the same: the
         deadline fires at the loop's next turn, and the program's last frames may have been
@@ -283,9 +294,7 @@ class ChildDriver:
 
     # ------------------------------------------------------------------ after the result
 
-    async def _complete_before_exit(
-        self, plan: ExecutionPlan, settled: list[anyio.Event]
-    ) -> bool:
+    async def _complete_before_exit(self, plan: ExecutionPlan, settled: list[anyio.Event]) -> bool:
         """Whether the program's output and result are complete before the child's exit was
         even reported: a result frame, nothing wrong so far, and both end markers seen."""
         conversation = self.conversation
@@ -307,9 +316,7 @@ class ChildDriver:
             return False
         if walks:
             # The program has ended and nothing of it is left: its files are final.
-            self._collection = await anyio.to_thread.run_sync(
-                collect_artifacts, plan.output, launched.workspace_path
-            )
+            self._collection = await _collected(plan, launched.workspace_path)
         return True
 
     def _channel_collection(self) -> Collection | None:
@@ -378,6 +385,22 @@ class ChildDriver:
         stdout = self._stdout or StreamCapture(plan.limits.stdout_bytes)
         stderr = self._stderr or StreamCapture(plan.limits.stderr_bytes)
         return Ending(happened, stdout, stderr, collection, calls)
+
+
+async def _collected(plan: ExecutionPlan, workspace: str | None) -> Collection | None:
+    """The workspace's artifacts (collect_artifacts): in a worker thread, since a program can
+    leave many files, except for an empty workspace, whose walk costs less than the hop."""
+    if workspace is not None and _empty_directory(workspace):
+        return collect_artifacts(plan.output, workspace)
+    return await anyio.to_thread.run_sync(collect_artifacts, plan.output, workspace)
+
+
+def _empty_directory(path: str) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 async def _drain(

@@ -52,6 +52,9 @@ def host_walks(launched: Launched, plan: ExecutionPlan) -> bool:
 async def settled_or_exited(settled: list[anyio.Event], launched: Launched) -> None:
     """Return once both streams are settled (their marker went by, or they ended) or the
     child's exit is reported, whichever comes first."""
+    if all(event.is_set() for event in settled):
+        # The usual case (the markers go out before the result frame): no race to run.
+        return
     async with anyio.create_task_group() as race:
 
         async def markers() -> None:

@@ -10,7 +10,6 @@ What happens between host and child is the driver's (driver.py) and the conversa
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 
@@ -94,8 +93,12 @@ class PreparedChild:
         #: its backend cannot say).
         self.memory_bytes = memory_bytes
         self._assigned = anyio.Event()
+        #: The wait for the program (or the child's exit): cancelled by whoever assigns one.
+        self._waiting: anyio.CancelScope | None = None
         self._done = anyio.Event()
         self._plan: ExecutionPlan | None = None
+        #: The child's driver, told directly when the caller goes away.
+        self._driver: ChildDriver | None = None
         self._result: ExecutionResult | None = None
         self._error: Exception | None = None
 
@@ -105,14 +108,16 @@ class PreparedChild:
         that allows it is before the child's teardown has finished."""
         if self._assigned.is_set():
             raise RuntimeError("a prepared child serves exactly one program")
-        cancel = plan.cancel if plan.cancel is not None else anyio.Event()
-        self._plan = dataclasses.replace(plan, cancel=cancel)
-        self._assigned.set()
+        self._plan = plan
+        self._assign()
         try:
             await self._done.wait()
         except BaseException:
             # The caller went away: the execution must not outlive it.
-            cancel.set()
+            if plan.cancel is not None:
+                plan.cancel.set()
+            if self._driver is not None:
+                self._driver.cancel()
             raise
         if self._error is not None:
             raise self._error
@@ -122,23 +127,26 @@ class PreparedChild:
         """Tear this child down without a program (a pool shrinking or over its budget)."""
         if not self._assigned.is_set():
             self._plan = None
-            self._assigned.set()
+            self._assign()
+
+    def _assign(self) -> None:
+        self._assigned.set()
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     async def _wait_for_plan(self, launched: Launched) -> ExecutionPlan | None:
         """The program, or None if the child exits first or is discarded."""
-        exited = False
-        async with anyio.create_task_group() as tg:
-
-            async def watch_child() -> None:
-                nonlocal exited
-                await launched.wait_exited()
-                exited = True
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch_child)
-            await self._assigned.wait()
-            tg.cancel_scope.cancel()
-        return None if exited else self._plan
+        # The wait for the child's exit is cut short by the assignment itself (no watcher
+        # task to start, cancel and wait for on the program's path).
+        self._waiting = anyio.CancelScope()
+        try:
+            with self._waiting:
+                if not self._assigned.is_set():
+                    await launched.wait_exited()
+                    return None  # it exited first
+        finally:
+            self._waiting = None
+        return self._plan
 
     def _finish(self, result: ExecutionResult | None, error: Exception | None = None) -> None:
         if self._done.is_set():
@@ -192,12 +200,15 @@ async def _hold(
                         not_prepared = await _prepared(child)
                         if not_prepared is None:
                             prepared = PreparedChild(launched.memory_bytes_now())
+                            prepared._driver = child
                             task_status.started(prepared)
                             plan = await _given(prepared, child, launched, on_gone)
                         if plan is not None:
                             given = True
                             started = time.monotonic()
-                            child.cancelled = plan.cancel is not None and plan.cancel.is_set()
+                            child.cancelled = child.cancelled or (
+                                plan.cancel is not None and plan.cancel.is_set()
+                            )
                             await child.run(plan, started, early)
                 except BackendUnavailable as exc:
                     if prepared is not None:

@@ -41,11 +41,10 @@ class ProbeHarness:
             async with anyio.create_task_group() as tg:
                 for family, host in (("4", "127.0.0.1"), ("6", "::1")):
                     try:
-                        listener = await _loopback_listener(family, host)
+                        listener, ports[family] = await _loopback_listener(family, host)
                     except OSError:
                         continue  # no such address family on this host: nothing to reach
                     self._listeners.append(listener)
-                    ports[family] = listener.extra(anyio.abc.SocketAttribute.local_port)
                     tg.start_soon(self._count, listener)
                 self.targets = ProbeTargets(
                     canary_path=canary, port4=ports["4"], port6=ports["6"], host_pid=os.getpid()
@@ -72,17 +71,19 @@ class ProbeHarness:
             return
 
 
-async def _loopback_listener(family: str, host: str) -> SocketListener:
-    """A listener on ``host`` (a literal loopback address), any free port. Made directly:
-    anyio's create_tcp_listener resolves even a literal address in a worker thread, a
-    thread hop on the path of every execution."""
+async def _loopback_listener(family: str, host: str) -> tuple[SocketListener, int]:
+    """A listener on ``host`` (a literal loopback address), any free port, and that port.
+    Made directly: anyio's create_tcp_listener resolves even a literal address in a worker
+    thread, a thread hop on the path of every execution; the port is the socket's own (the
+    listener's attribute map builds every attribute, a failing peer lookup among them)."""
     sock = socket.socket(socket.AF_INET if family == "4" else socket.AF_INET6, socket.SOCK_STREAM)
     try:
         if family == "6":
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, 0))
         sock.listen()
+        port: int = sock.getsockname()[1]
     except BaseException:
         sock.close()
         raise
-    return await SocketListener.from_socket(sock)
+    return await SocketListener.from_socket(sock), port

@@ -38,7 +38,12 @@ def start_time(pid: int) -> str | None:
 
 def owner_tag() -> str:
     """This host process, as it appears in the names of the directories it makes."""
-    pid = os.getpid()
+    return _tag_of(os.getpid())
+
+
+@lru_cache(maxsize=4)
+def _tag_of(pid: int) -> str:
+    # A process's start time never changes: read once per pid (a forked host has its own).
     return f"{pid}.{start_time(pid) or 0}"
 
 
