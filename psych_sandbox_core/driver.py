@@ -117,11 +117,16 @@ class ChildDriver:
         plan: ExecutionPlan,
         started: float,
         on_early_result: Callable[[ExecutionResult], None] | None = None,
+        *,
+        before_exit: bool = True,
     ) -> None:
         """Give the child its program (the handshake first if not done) and supervise it to
-        its end; with ``on_early_result``, see docs/architecture.md (warm results)."""
+        its end; with ``on_early_result``, a result final before the teardown is handed to
+        it: a timeout once the whole tree was seen ended and, unless ``before_exit`` is
+        False, one complete before the child's exit (see docs/architecture.md, warm
+        results)."""
         launched = self._launched
-        marker = None if on_early_result is None else end_marker(launched, plan)
+        marker = None if on_early_result is None or not before_exit else end_marker(launched, plan)
         encoded = None if marker is None else marker.encode("ascii")
         relay = plan.relay
         self._stdout = StreamCapture(
@@ -144,14 +149,24 @@ class ChildDriver:
 
             early = EarlyDelivery(marker, deliver)
         self._status = await self._supervise(plan, early)
-        if self._delivered is not None or not self.conversation.ran:
+        if self._delivered is not None:
             return
-        self._collection = self._channel_collection()
-        if self._collection is None:
-            # The program has ended and its workspace still exists: collect now.
-            self._collection = await anyio.to_thread.run_sync(
-                collect_artifacts, plan.output, launched.workspace_path
-            )
+        if self.conversation.ran:
+            self._collection = self._channel_collection()
+            if self._collection is None:
+                # The program has ended and its workspace still exists: collect now.
+                self._collection = await anyio.to_thread.run_sync(
+                    collect_artifacts, plan.output, launched.workspace_path
+                )
+        if on_early_result is not None and self.timed_out and self._status.tree_ended:
+            # A timeout is final once the host saw the whole tree end: handed back now, as a
+            # warm result is, and the launch's teardown finishes after it.
+            self.account_connections()
+            with anyio.CancelScope(shield=True):
+                result = await self.conclude(plan, started)
+            self._delivered = result
+            mark("result handed back")
+            on_early_result(result)
 
     async def _supervise(self, plan: ExecutionPlan, early: EarlyDelivery | None) -> ExitStatus:
         launched = self._launched
@@ -283,9 +298,7 @@ class ChildDriver:
 
     # ------------------------------------------------------------------ after the result
 
-    async def _complete_before_exit(
-        self, plan: ExecutionPlan, settled: list[anyio.Event]
-    ) -> bool:
+    async def _complete_before_exit(self, plan: ExecutionPlan, settled: list[anyio.Event]) -> bool:
         """Whether the program's output and result are complete before the child's exit was
         even reported: a result frame, nothing wrong so far, and both end markers seen."""
         conversation = self.conversation

@@ -29,6 +29,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
+from dataclasses import replace
 from functools import lru_cache
 from typing import Annotated
 
@@ -371,17 +372,21 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
             return self._status
         self._kill_namespace()
         raw = await self.process.kill_and_reap()
+        ended: bool | None = None
         if self._init_fd is not None:
             # bwrap's monitor exits without reaping the init; wait until the kernel has
-            # emptied the namespace so no process outlives the run, even for a moment.
+            # emptied the namespace so no process outlives the run, even for a moment (the
+            # init exits only once every other process in it has).
+            ended = False
             with anyio.CancelScope(shield=True), anyio.move_on_after(NAMESPACE_EXIT_SECONDS):
                 await anyio.wait_readable(self._init_fd)
+                ended = True
             os.close(self._init_fd)
             self._init_fd = None
         status = _as_inner_status(raw)
         if self.cgroup is not None:
             status = await self._measured(status)
-        self._status = status
+        self._status = replace(status, tree_ended=ended)
         return self._status
 
     async def _measured(self, status: ExitStatus) -> ExitStatus:
