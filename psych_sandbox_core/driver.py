@@ -16,6 +16,7 @@ from collections.abc import Callable
 import anyio
 from anyio.abc import ByteReceiveStream
 
+from . import wall_clock
 from .artifact_channel import ChannelCollector
 from .artifacts import Collection, collection_failure
 from .backend import Launched
@@ -177,12 +178,26 @@ class ChildDriver:
         async with anyio.create_task_group() as drains:
             drains.start_soon(_drain, self._stdout, launched.stdout, drained[0], settled[0])
             drains.start_soon(_drain, self._stderr, launched.stderr, drained[1], settled[1])
+            wall_seconds = plan.limits.wall_seconds
+            # The deadline is the loop's (it ends the execution) and, struck on time whatever
+            # the loop is busy with, the wall clock thread's (it starts the termination).
+            strike = wall_clock.arm(wall_seconds, launched.terminate_from_thread)
             try:
-                with anyio.move_on_after(plan.limits.wall_seconds) as wall:
+                with anyio.move_on_after(wall_seconds) as wall:
                     if plan.cancel is not None:
                         drains.start_soon(self._watch_cancel, plan.cancel, wall)
+
+                    def program_given() -> None:
+                        # The program's own wall clock starts as it is given to the child:
+                        # a cold child's launch and handshake (slow under load) do not
+                        # count against it, only against the first deadline.
+                        wall.deadline = anyio.current_time() + wall_seconds
+                        strike.move(wall_seconds)
+
                     try:
-                        await self._converse(plan, None if early is None else early.marker)
+                        await self._converse(
+                            plan, None if early is None else early.marker, program_given
+                        )
                     except StartupFailed as exc:
                         self.startup_failure = str(exc)
                     except _CpuSpentWithHost:
@@ -209,6 +224,7 @@ class ChildDriver:
                 else:
                     self._seen_late(wall)
             finally:
+                strike.disarm()
                 with anyio.CancelScope(shield=True):
                     status = await launched.finish()
                     mark("reaped")
@@ -227,7 +243,9 @@ class ChildDriver:
                     await self._talk.release_held()
         return status
 
-    async def _converse(self, plan: ExecutionPlan, end_marker: str | None) -> None:
+    async def _converse(
+        self, plan: ExecutionPlan, end_marker: str | None, program_given: Callable[[], None]
+    ) -> None:
         conversation = self.conversation
         try:
             if conversation.state is State.AWAITING_HELLO:
@@ -237,6 +255,7 @@ class ChildDriver:
             if self._harness.connections:
                 conversation.network_reached()
             terms, calls = self._terms(plan, end_marker)
+            program_given()
             cpu_spent = await self._talk.program(terms, calls)
             mark("result frame")
             if cpu_spent:

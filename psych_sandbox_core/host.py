@@ -1,7 +1,8 @@
 """Drives one execution: probe targets, launch, the child's driver, result, teardown.
 
 A cold execution (:func:`execute`) launches its child with its program known: the handshake
-runs under the program's wall clock and every failure ends in a result. A warm one is split
+runs under a first deadline of the program's wall clock (the program's own starts as it is
+given, see driver.py) and every failure ends in a result. A warm one is split
 in two (see pool.py): :func:`prepare` launches a child and takes it to the graded state in a
 task of the caller's task group, and :meth:`PreparedChild.serve` gives it its one program.
 What happens between host and child is the driver's (driver.py) and the conversation's
@@ -44,8 +45,8 @@ __all__ = [
 async def execute(
     backend: Backend, plan: ExecutionPlan, task_group: TaskGroup | None = None
 ) -> ExecutionResult:
-    """Run one program to a result on a fresh child (the handshake under the plan's wall
-    clock). A program's failure is data; this does not raise for it.
+    """Run one program to a result on a fresh child (the handshake under a first deadline of
+    the plan's wall clock). A program's failure is data; this does not raise for it.
 
     With ``task_group``, a timeout is returned as soon as the host saw the child's whole
     tree end, and the rest of its teardown finishes in that group, shielded (as a warm
