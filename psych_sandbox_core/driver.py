@@ -234,7 +234,8 @@ class ChildDriver:
                     # anyway: a descendant that escaped the tree must not hold the host.
                     with anyio.move_on_after(DRAIN_AFTER_EXIT_SECONDS):
                         for event in drained:
-                            await event.wait()
+                            if not event.is_set():  # (waiting on a set one yields a turn)
+                                await event.wait()
                         await self._talk.nothing_after_result()
                     mark("streams drained")
                     self._stdout.passed_unseen(*launched.unrelayed("stdout"))
