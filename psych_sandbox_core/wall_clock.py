@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +67,19 @@ def _start_locked() -> None:
     if _thread is None:
         _thread = threading.Thread(target=_run, name="psych-sandbox-wall-clock", daemon=True)
         _thread.start()
+
+
+def _forget_after_fork() -> None:
+    # A forked child has no such thread (nor the parent's deadlines), and the lock may have
+    # been held by it at the fork.
+    global _lock, _thread
+    _lock = threading.Condition()
+    _heap.clear()
+    _thread = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _run() -> None:
