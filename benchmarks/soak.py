@@ -20,9 +20,16 @@ script exits 1; so does any result of the wrong kind.
 
 Timeout accuracy: a timing-out program prints its own start (CLOCK_MONOTONIC, shared with
 the host) and sleeps past its wall clock; its overrun is the host's time when the result
-came back minus that start minus the wall-clock limit. Printed as p50/p99/max against the
-target p99 of 100 ms, next to its floor: the same timeouts run alone first (the wall clock
-starts before the program does, so this bounds the lateness from above).
+came back to the caller minus that start minus the wall-clock limit: how long past its limit
+the program existed, as its caller learns of it (the result comes back only once the host
+saw every process of it end). Nothing before the program ran counts: the host's clock for
+the program starts when it gives the child the program (its run frame sent), a cold child's
+launch and handshake before that, and the program's first statement follows a few
+milliseconds later, so this measure is below the host's lateness past its own deadline by
+that set-up. Printed as p50/p99/max against the target p99 of 100 ms, next to its floor:
+the same timeouts run alone first, in the same Sandbox (the lateness the host has without
+the load), and next to the host event loop's own lag under the load (how late a 10 ms timer
+fires), below which no step the host takes at the loop's turn can come.
 
     python benchmarks/soak.py [--executions N] [--profile default|subprocess|bwrap|docker|gvisor]
         [--concurrency 8] [--seed S] [--timeout-seconds 0.5] [--rss-slack-mib 32]
@@ -174,6 +181,7 @@ async def soak(args: argparse.Namespace) -> int:
     kinds = [rng.choice(list(MIX)) for _ in range(args.executions)]
     outcomes: list[dict[str, Any]] = []
     started = time.monotonic()
+    print(f"load average at the start: {os.getloadavg()}", flush=True)
     async with Sandbox(config) as sandbox:
         warm = await sandbox.run("None", profile=profile)
         backend = warm.backend.id

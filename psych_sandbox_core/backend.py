@@ -7,6 +7,7 @@ applied, the child reports what it observes, and the core grades both.
 
 from __future__ import annotations
 
+import signal
 from abc import ABC, abstractmethod
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -138,6 +139,17 @@ class Launched(ABC):
     async def terminate(self, grace_seconds: float) -> None:
         """SIGTERM (or the platform's equivalent) to the whole tree, grace, then kill."""
 
+    def terminate_from_thread(self) -> None:
+        """The first step of :meth:`terminate` (the signal that starts the grace window, or
+        the kill where there is none), struck at the wall clock's deadline from a thread of
+        the host's own so that a busy event loop does not delay it (wall_clock.py);
+        :meth:`terminate` follows at the loop's turn. Called from another thread, at any
+        time, even during or after teardown: it must be thread-safe, quick, never raise,
+        and never signal a process that is no longer the child's (a reaped pid may be
+        reused). Does nothing where the backend has no such step (then the loop's turn
+        starts the termination)."""
+        return None
+
     @abstractmethod
     async def finish(self) -> ExitStatus:
         """Kill whatever is left of the tree, reap, and return how the child ended.
@@ -171,6 +183,10 @@ class ProcessLaunched(Launched, Generic[Channel]):
 
     async def wait_exited(self) -> None:
         await self.process.wait_exited()
+
+    def terminate_from_thread(self) -> None:
+        # The first step of ManagedProcess.terminate; signal_group is safe from any thread.
+        self.process.signal_group(signal.SIGTERM)
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
         return None if self.cgroup is None else self.cgroup.usage()

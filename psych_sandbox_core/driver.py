@@ -16,6 +16,7 @@ from collections.abc import Callable
 import anyio
 from anyio.abc import ByteReceiveStream
 
+from . import wall_clock
 from .artifact_channel import ChannelCollector
 from .artifacts import Collection, collection_failure
 from .backend import Launched
@@ -119,11 +120,16 @@ class ChildDriver:
         plan: ExecutionPlan,
         started: float,
         on_early_result: Callable[[ExecutionResult], None] | None = None,
+        *,
+        before_exit: bool = True,
     ) -> None:
         """Give the child its program (the handshake first if not done) and supervise it to
-        its end; with ``on_early_result``, see docs/architecture.md (warm results)."""
+        its end; with ``on_early_result``, a result final before the teardown is handed to
+        it: a timeout once the whole tree was seen ended and, unless ``before_exit`` is
+        False, one complete before the child's exit (see docs/architecture.md, warm
+        results)."""
         launched = self._launched
-        marker = None if on_early_result is None else end_marker(launched, plan)
+        marker = None if on_early_result is None or not before_exit else end_marker(launched, plan)
         encoded = None if marker is None else marker.encode("ascii")
         relay = plan.relay
         self._stdout = StreamCapture(
@@ -146,12 +152,22 @@ class ChildDriver:
 
             early = EarlyDelivery(marker, deliver)
         self._status = await self._supervise(plan, early)
-        if self._delivered is not None or not self.conversation.ran:
+        if self._delivered is not None:
             return
-        self._collection = self._channel_collection()
-        if self._collection is None:
-            # The program has ended and its workspace still exists: collect now.
-            self._collection = await _collected(plan, launched.workspace_path)
+        if self.conversation.ran:
+            self._collection = self._channel_collection()
+            if self._collection is None:
+                # The program has ended and its workspace still exists: collect now.
+                self._collection = await _collected(plan, launched.workspace_path)
+        if on_early_result is not None and self.timed_out and self._status.tree_ended:
+            # A timeout is final once the host saw the whole tree end: handed back now, as a
+            # warm result is, and the launch's teardown finishes after it.
+            self.account_connections()
+            with anyio.CancelScope(shield=True):
+                result = await self.conclude(plan, started)
+            self._delivered = result
+            mark("result handed back")
+            on_early_result(result)
 
     async def _supervise(self, plan: ExecutionPlan, early: EarlyDelivery | None) -> ExitStatus:
         launched = self._launched
@@ -162,13 +178,27 @@ class ChildDriver:
         async with anyio.create_task_group() as drains:
             drains.start_soon(_drain, self._stdout, launched.stdout, drained[0], settled[0])
             drains.start_soon(_drain, self._stderr, launched.stderr, drained[1], settled[1])
+            wall_seconds = plan.limits.wall_seconds
+            # The deadline is the loop's (it ends the execution) and, struck on time whatever
+            # the loop is busy with, the wall clock thread's (it starts the termination).
+            strike = wall_clock.arm(wall_seconds, launched.terminate_from_thread)
             try:
-                with anyio.move_on_after(plan.limits.wall_seconds) as wall:
+                with anyio.move_on_after(wall_seconds) as wall:
                     self._wall = wall
                     if plan.cancel is not None:
                         drains.start_soon(self._watch_cancel, plan.cancel, wall)
+
+                    def program_given() -> None:
+                        # The program's own wall clock starts as it is given to the child:
+                        # a cold child's launch and handshake (slow under load) do not
+                        # count against it, only against the first deadline.
+                        wall.deadline = anyio.current_time() + wall_seconds
+                        strike.move(wall_seconds)
+
                     try:
-                        await self._converse(plan, None if early is None else early.marker)
+                        await self._converse(
+                            plan, None if early is None else early.marker, program_given
+                        )
                     except StartupFailed as exc:
                         self.startup_failure = str(exc)
                     except _CpuSpentWithHost:
@@ -196,6 +226,7 @@ class ChildDriver:
                 else:
                     self._seen_late(wall)
             finally:
+                strike.disarm()
                 with anyio.CancelScope(shield=True):
                     status = await launched.finish()
                     mark("reaped")
@@ -205,7 +236,8 @@ class ChildDriver:
                     # anyway: a descendant that escaped the tree must not hold the host.
                     with anyio.move_on_after(DRAIN_AFTER_EXIT_SECONDS):
                         for event in drained:
-                            await event.wait()
+                            if not event.is_set():  # (waiting on a set one yields a turn)
+                                await event.wait()
                         await self._talk.nothing_after_result()
                     mark("streams drained")
                     self._stdout.passed_unseen(*launched.unrelayed("stdout"))
@@ -214,7 +246,9 @@ class ChildDriver:
                     await self._talk.release_held()
         return status
 
-    async def _converse(self, plan: ExecutionPlan, end_marker: str | None) -> None:
+    async def _converse(
+        self, plan: ExecutionPlan, end_marker: str | None, program_given: Callable[[], None]
+    ) -> None:
         conversation = self.conversation
         try:
             if conversation.state is State.AWAITING_HELLO:
@@ -224,6 +258,7 @@ class ChildDriver:
             if self._harness.connections:
                 conversation.network_reached()
             terms, calls = self._terms(plan, end_marker)
+            program_given()
             cpu_spent = await self._talk.program(terms, calls)
             mark("result frame")
             if cpu_spent:

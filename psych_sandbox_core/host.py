@@ -1,7 +1,8 @@
 """Drives one execution: probe targets, launch, the child's driver, result, teardown.
 
 A cold execution (:func:`execute`) launches its child with its program known: the handshake
-runs under the program's wall clock and every failure ends in a result. A warm one is split
+runs under a first deadline of the program's wall clock (the program's own starts as it is
+given, see driver.py) and every failure ends in a result. A warm one is split
 in two (see pool.py): :func:`prepare` launches a child and takes it to the graded state in a
 task of the caller's task group, and :meth:`PreparedChild.serve` gives it its one program.
 What happens between host and child is the driver's (driver.py) and the conversation's
@@ -40,9 +41,65 @@ __all__ = [
 ]
 
 
-async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
-    """Run one program to a result on a fresh child (the handshake under the plan's wall
-    clock). A program's failure is data; this does not raise for it."""
+async def execute(
+    backend: Backend, plan: ExecutionPlan, task_group: TaskGroup | None = None
+) -> ExecutionResult:
+    """Run one program to a result on a fresh child (the handshake under a first deadline of
+    the plan's wall clock). A program's failure is data; this does not raise for it.
+
+    With ``task_group``, a timeout is returned as soon as the host saw the child's whole
+    tree end, and the rest of its teardown finishes in that group, shielded (as a warm
+    child's does); every other ending, and a caller cancelled meanwhile, still waits for
+    the teardown."""
+    if task_group is None:
+        return await _execute(backend, plan)
+    scope = anyio.CancelScope()
+    handed, finished = anyio.Event(), anyio.Event()
+    outcome: list[ExecutionResult | Exception] = []
+
+    def hand(result: ExecutionResult | Exception) -> None:
+        if not handed.is_set():
+            outcome.append(result)
+            handed.set()
+
+    def early(result: ExecutionResult) -> None:
+        # Only teardown remains, bounded by the backend's own deadlines: closing the
+        # Sandbox waits for it rather than cutting it short.
+        scope.shield = True
+        hand(result)
+
+    async def in_group() -> None:
+        try:
+            with scope:
+                hand(await _execute(backend, plan, early))
+        except Exception as exc:
+            # A bug reaches the caller it concerns, not every execution in the group.
+            hand(exc)
+        finally:
+            finished.set()
+            handed.set()
+
+    task_group.start_soon(in_group)
+    try:
+        await handed.wait()
+    except BaseException:
+        # The caller went away: the execution ends with it, torn down before it returns.
+        scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await finished.wait()
+        raise
+    if not outcome:
+        raise RuntimeError("the Sandbox closed while the execution ran")
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
+
+
+async def _execute(
+    backend: Backend,
+    plan: ExecutionPlan,
+    on_early_result: Callable[[ExecutionResult], None] | None = None,
+) -> ExecutionResult:
     started = time.monotonic()
     mark("start")
     child: ChildDriver | None = None
@@ -56,7 +113,7 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
             else:
                 async with backend.launch(_launch_request(harness, plan.limits)) as launched:
                     child = ChildDriver(launched, harness)
-                    await child.run(plan, started)
+                    await child.run(plan, started, on_early_result, before_exit=False)
                 mark("launch left")
         except BackendUnavailable as exc:
             backend_failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))

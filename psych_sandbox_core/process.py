@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -79,6 +80,9 @@ class ManagedProcess:
         self.stdin = stdin
         self._exited = False
         self._status: ExitStatus | None = None
+        # Held while a signal is sent and while the child is reaped: a signal from another
+        # thread (the wall clock's, see wall_clock.py) must never reach a reused pid.
+        self._reaping = threading.Lock()
 
     @classmethod
     async def spawn(
@@ -162,14 +166,15 @@ class ManagedProcess:
         os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
 
     def signal_group(self, signum: int) -> None:
-        # The direct child is unreaped until reap(), so its pid is also still the group id and
-        # cannot have been recycled.
-        if self._status is not None:
-            return
-        try:
-            os.killpg(self.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """Signal the group; safe from any thread. The direct child is unreaped until
+        reap(), so its pid is also still the group id and cannot have been recycled."""
+        with self._reaping:
+            if self._status is not None:
+                return
+            try:
+                os.killpg(self.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     async def terminate(self, grace_seconds: float) -> None:
         """SIGTERM the group, wait out the grace window, then SIGKILL the group."""
@@ -185,22 +190,25 @@ class ManagedProcess:
         self.signal_group(signal.SIGKILL)
         with anyio.CancelScope(shield=True):
             await self.wait_exited()
-        _, status, rusage = os.wait4(self.pid, 0)
-        self._popen.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from reaping
-        code = os.waitstatus_to_exitcode(status)
-        # ru_maxrss is KiB on Linux, bytes on macOS.
-        scale = 1 if sys.platform == "darwin" else 1024
-        self._status = ExitStatus(
-            code=code if code >= 0 else None,
-            signal=-code if code < 0 else None,
-            # Not usage: a program that ignores SIGCHLD has its children reaped by the kernel
-            # and their rusage dropped, so wait4 would report low and call it measured. A
-            # backend reports usage from a mechanism the program cannot influence (a cgroup).
-            cpu_seconds=None,
-            peak_memory_bytes=None,
-            reaped_cpu_seconds=rusage.ru_utime + rusage.ru_stime,
-            reaped_peak_memory_bytes=rusage.ru_maxrss * scale,
-        )
+        with self._reaping:
+            # Exited already (waited for above): this returns at once.
+            _, status, rusage = os.wait4(self.pid, 0)
+            self._popen.returncode = os.waitstatus_to_exitcode(status)  # keep Popen off it
+            code = os.waitstatus_to_exitcode(status)
+            # ru_maxrss is KiB on Linux, bytes on macOS.
+            scale = 1 if sys.platform == "darwin" else 1024
+            self._status = ExitStatus(
+                code=code if code >= 0 else None,
+                signal=-code if code < 0 else None,
+                # Not usage: a program that ignores SIGCHLD has its children reaped by the
+                # kernel and their rusage dropped, so wait4 would report low and call it
+                # measured. A backend reports usage from a mechanism the program cannot
+                # influence (a cgroup).
+                cpu_seconds=None,
+                peak_memory_bytes=None,
+                reaped_cpu_seconds=rusage.ru_utime + rusage.ru_stime,
+                reaped_peak_memory_bytes=rusage.ru_maxrss * scale,
+            )
         return self._status
 
     async def aclose(self) -> None:

@@ -23,12 +23,15 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
+from dataclasses import replace
 from functools import lru_cache
 from typing import Annotated
 
@@ -318,8 +321,10 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
         # (its grade does not wait on the teardown), and the cgroup measures usage so far.
         # Without a cgroup, usage is only known once the tree is reaped.
         self.early_result_ok = cgroup is not None
-        #: A pidfd on the pid namespace's init, once bwrap has said which host pid it is.
+        #: A pidfd on the pid namespace's init, once bwrap has said which host pid it is;
+        #: used and closed under the lock (the wall clock's thread may signal it).
         self._init_fd: int | None = None
+        self._init_lock = threading.Lock()
         self._status: ExitStatus | None = None
 
     async def started(self, info_read: int) -> None:
@@ -371,17 +376,23 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
             return self._status
         self._kill_namespace()
         raw = await self.process.kill_and_reap()
+        ended: bool | None = None
         if self._init_fd is not None:
             # bwrap's monitor exits without reaping the init; wait until the kernel has
-            # emptied the namespace so no process outlives the run, even for a moment.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(NAMESPACE_EXIT_SECONDS):
-                await anyio.wait_readable(self._init_fd)
-            os.close(self._init_fd)
-            self._init_fd = None
+            # emptied the namespace so no process outlives the run, even for a moment (the
+            # init exits only once every other process in it has).
+            ended = _exited(self._init_fd)
+            if not ended:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(NAMESPACE_EXIT_SECONDS):
+                    await anyio.wait_readable(self._init_fd)
+                    ended = True
+            with self._init_lock:
+                os.close(self._init_fd)
+                self._init_fd = None
         status = _as_inner_status(raw)
         if self.cgroup is not None:
             status = await self._measured(status)
-        self._status = status
+        self._status = replace(status, tree_ended=ended)
         return self._status
 
     async def _measured(self, status: ExitStatus) -> ExitStatus:
@@ -401,10 +412,23 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
             peak_memory_bytes=peak, failure_hint=hint,
         )
 
+    def terminate_from_thread(self) -> None:
+        # What terminate does first, from the wall clock's thread: the whole tree killed.
+        self._kill_namespace()
+        self.process.signal_group(signal.SIGTERM)
+
     def _kill_namespace(self) -> None:
-        if self._init_fd is not None:
-            with suppress(OSError):
-                signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
+        with self._init_lock:
+            if self._init_fd is not None:
+                with suppress(OSError):
+                    signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
+
+
+def _exited(pidfd: int) -> bool:
+    """Whether the process behind ``pidfd`` has exited (readable), without waiting."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _as_inner_status(status: ExitStatus) -> ExitStatus:

@@ -374,7 +374,10 @@ class DockerBackend(
             with anyio.CancelScope(shield=True):
                 if container is not None:
                     # Whatever failed above, the container (if it was created) is gone.
-                    await container.finish()
+                    try:
+                        await container.finish()
+                    finally:
+                        await container.remove()
                     await container.close_streams()
                 await channel.aclose()
                 _remove_tree(socket_dir)
@@ -697,8 +700,10 @@ class _Container(Launched):
                         found = inspected.get("State") if isinstance(inspected, dict) else None
                         if isinstance(found, dict):
                             state = found
-            finally:
+            except BaseException:
                 await self.remove()
+                raise
+            # Removed by the launch's teardown: a timed-out result need not wait for it.
             status = self._interpret(state)
         self._status = status
         return status
@@ -793,6 +798,9 @@ class _Container(Launched):
             cpu_seconds=cpu,
             peak_memory_bytes=peak,
             failure_hint=hint,
+            # The engine reports the exit once the container's init is gone, and with it its
+            # pid namespace: every process of the container.
+            tree_ended=True if self._exited.is_set() and self._exit_code is not None else None,
         )
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:

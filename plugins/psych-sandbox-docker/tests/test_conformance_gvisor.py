@@ -17,8 +17,8 @@ class TestGvisorConformance(DockerConformance):
     # left is judged by the containers left.
     processes_visible = False
 
-    # Commands: the same backend and plugin code as under runc (test_conformance.py); only whether the
-    # runtime ends the whole tree is the runtime's own.
+    # Commands: the same backend and plugin code as under runc (test_conformance.py); only
+    # whether the runtime ends the whole tree is the runtime's own.
     test_a_command_runs_where_a_program_runs = None  # type: ignore[assignment]
     test_a_string_is_run_by_a_shell_only_when_asked = None  # type: ignore[assignment]
 

@@ -1,0 +1,79 @@
+"""The wall clock: the deadline is struck from a thread of the host's own, whatever its event
+loop is doing, and a timed-out result comes back once the host saw every process of the
+execution end, before the rest of its teardown."""
+
+from __future__ import annotations
+
+import os
+import select
+
+import anyio
+import pytest
+
+from psych_sandbox_core import ErrorKind, Sandbox
+from psych_sandbox_core.phases import recording
+from psych_sandbox_core.testing.conformance import DAEMON
+
+from .conftest import PROFILE, config, marker, pids_with, wait_for_pids
+
+pytestmark = pytest.mark.anyio
+
+#: How long a test blocks its own event loop at most, waiting for the strike: far past the
+#: wall clock, so only a missing strike reaches it.
+BLOCKED_SECONDS = 20
+
+
+@pytest.mark.parametrize("warm", [0, 1], ids=["cold", "warm"])
+async def test_a_timeout_comes_back_with_every_process_dead_before_its_teardown(
+    warm: int,
+) -> None:
+    mark = marker()
+    # A daemon that left the program's session and ignores SIGTERM, and the program asleep.
+    program = DAEMON.format(mark=mark) + "while True:\n    time.sleep(1)\n"
+    with recording() as reached:
+        async with Sandbox(config(warm=warm, wall_seconds=1.0, grace_seconds=0.2)) as sandbox:
+            if warm:
+                await sandbox.warmed(PROFILE)
+            async with anyio.create_task_group() as tg:
+                seen: list[int] = []
+
+                async def watch() -> None:
+                    seen.extend(await wait_for_pids(mark))
+
+                tg.start_soon(watch)
+                result = await sandbox.run(program, profile=PROFILE)
+                tg.cancel_scope.cancel()
+            # Judged from the host the moment the result is back, the Sandbox still open.
+            left = pids_with(mark)
+    assert result.error is not None and result.error.kind is ErrorKind.TIMEOUT, result.error
+    assert seen, "the daemon was never seen running"
+    assert left == []
+    points = [point for point, _ in reached]
+    # Handed back once the tree was reaped and seen ended, the launch's teardown after it.
+    assert points.index("reaped") < points.index("result handed back"), points
+    assert points.index("result handed back") < points.index("identity retired"), points
+
+
+# The thread does not depend on the loop: once, on asyncio.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_deadline_strikes_while_the_event_loop_is_blocked() -> None:
+    mark = marker()
+    # A process of the program's, in its process group, that SIGTERM ends.
+    program = (
+        "import subprocess, sys\n"
+        f"subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', {mark!r}])\n"
+    )
+    limits = {"wall_seconds": 1.0, "grace_seconds": 0.2}
+    async with Sandbox(config(warm=0, **limits)) as sandbox, anyio.create_task_group() as tg:
+        tg.start_soon(lambda: sandbox.run(program, profile=PROFILE))
+        [pid] = await wait_for_pids(mark)
+        pidfd = os.pidfd_open(pid)
+        try:
+            # The event loop is held here, past the deadline: no timer of its own can fire,
+            # so only the wall clock's thread can end the process.
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            events = poller.poll(BLOCKED_SECONDS * 1000)
+        finally:
+            os.close(pidfd)
+    assert events, "the process outlived its deadline while the event loop was blocked"
