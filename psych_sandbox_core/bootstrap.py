@@ -373,16 +373,16 @@ class Channel:
         # written, and ids go out consecutively whichever thread writes them.
         with self.lock:
             call_id = self.next_id
-            with self.state:
-                self.waiters[call_id] = deliver  # before the write: the reply may come at once
             try:
                 self._choose_reader(loop)
+                with self.state:
+                    self.waiters[call_id] = deliver  # before the write: the reply may come
                 head = f'{{"type":"call","id":{call_id},"name":{json_dumps(name)},"arguments":'
                 # Type first, as every frame begins; the arguments as measured (call_tool).
                 self._write((head + arguments_json + "}\n").encode())
             except BaseException:
                 with self.state:
-                    del self.waiters[call_id]
+                    self.waiters.pop(call_id, None)
                 self._release_place()
                 raise
             self.next_id = call_id + 1
@@ -394,6 +394,8 @@ class Channel:
         reader = self.reader
         if reader is READER_THREAD or (reader is loop and loop is not None):
             return
+        if reader is not None and reader.is_closed() and not self.waiters:
+            reader = self.reader = None  # that loop ended owing no call a reply (a new run)
         if reader is None and loop is not None and _DONTWAIT:
             try:
                 loop.add_reader(self.fd, self._read_in_loop, loop)
@@ -406,11 +408,18 @@ class Channel:
         # read its reply (it may be closed, or blocked waiting for that very call).
         self.read_in_thread()
 
-    def read_in_thread_if_waited(self):
-        """The reader thread reads from now on if a loop read and a call is still in flight
-        (its reply may come). Under self.lock."""
-        if self.reader is not None and self.reader is not READER_THREAD and self.waiters:
+    def end_loop_reading(self):
+        """The program is over: no loop reads now. The reader thread reads the replies to
+        calls still in flight, if any (they may still come). Under self.lock."""
+        if self.reader is None or self.reader is READER_THREAD:
+            return
+        with self.state:
+            waited = bool(self.waiters)
+        if waited:
             self.read_in_thread()
+        else:
+            with self.read_lock:
+                self.reader = None
 
     def read_in_thread(self):
         """From now on, the reader thread reads the replies. Under self.lock."""
@@ -2051,8 +2060,7 @@ def main(argv):
     if "variables_json" in result:
         frame["variables_json"] = result["variables_json"]
     with channel.lock:
-        # Whatever loop read the replies has ended; one may still come while these frames go.
-        channel.read_in_thread_if_waited()
+        channel.end_loop_reading()  # a reply may still come while these frames go
         if request:
             send_artifacts(channel, request, workspace)
         channel.send(frame)

@@ -141,6 +141,41 @@ def test_calls_from_the_loop_are_read_by_that_loop(pair: Child) -> None:
     assert pair.broke == []
 
 
+def test_a_new_loop_reads_once_the_last_ended_owing_no_reply(pair: Child) -> None:
+    host = pair.echo(2)
+    loops = []
+
+    async def program(n: int) -> Any:
+        loops.append(asyncio.get_running_loop())
+        return await call(pair.channel, loops[-1], n)
+
+    assert [asyncio.run(program(0)), asyncio.run(program(1))] == [{"n": 0}, {"n": 1}]
+    host.join()
+    assert pair.channel.reader is loops[1]
+    assert pair.started == []
+
+
+def test_replies_still_owed_at_the_end_are_read_by_the_thread(pair: Child) -> None:
+    # The program ended with a call in flight (its loop is gone): its reply may still come
+    # while the result goes out, and someone must read it.
+    async def program() -> None:
+        loop = asyncio.get_running_loop()
+        pending = asyncio.create_task(call(pair.channel, loop, 0))
+        await loop.run_in_executor(None, pair.call_frame)
+        assert not pending.done()
+
+    asyncio.run(program())  # the task is cancelled as the loop ends: a cancel frame goes
+    with pair.channel.lock:
+        pair.channel.end_loop_reading()
+    assert pair.started == [pair.channel._read_replies]
+    assert json.loads(pair._lines.readline()) == {"type": "cancel", "id": 0}
+    pair.reply(0, "late")
+    pair.host.sendall(b"not json\n")  # read after the late reply: ends the reading
+    assert pair._ended[0].wait(HOST_PATIENCE_SECONDS)
+    assert pair.channel.waiters == {}  # the late reply was read, then the frame after it
+    assert pair.broke == ["broke"]
+
+
 def test_a_call_from_a_thread_while_the_loop_is_blocked_gets_its_reply(pair: Child) -> None:
     # The loop reads, then blocks waiting for a thread whose call only a reader thread can
     # read: left to the loop, that reply would never be read.
