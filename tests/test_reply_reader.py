@@ -47,12 +47,12 @@ class Child:
         self.on_broke: Callable[[], None] = lambda: None
         real = child._thread
 
-        self._ended: list[threading.Event] = []
+        self.ended: list[threading.Event] = []
 
         def start_new_thread(function: Callable[..., Any], args: tuple[Any, ...]) -> int:
             self.started.append(function)
             ended = threading.Event()
-            self._ended.append(ended)
+            self.ended.append(ended)
 
             def run() -> None:
                 try:
@@ -79,10 +79,10 @@ class Child:
         monkeypatch.setattr(child, "_channel_broke", broke)
         self.channel = child.Channel(f"fd:{theirs.detach()}")
         self.channel.start_calls(16)
-        self._lines = self.host.makefile("rb")
+        self.lines = self.host.makefile("rb")
 
     def call_frame(self) -> dict[str, Any]:
-        frame: dict[str, Any] = json.loads(self._lines.readline())
+        frame: dict[str, Any] = json.loads(self.lines.readline())
         assert frame["type"] == "call", frame
         return frame
 
@@ -103,11 +103,11 @@ class Child:
         return thread
 
     def close(self) -> None:
-        self._lines.close()
+        self.lines.close()
         self.host.close()
         # A reader thread sees the end and calls _channel_broke: the patched one, so before
         # the patches go.
-        for ended in self._ended:
+        for ended in self.ended:
             assert ended.wait(HOST_PATIENCE_SECONDS), "the reader thread did not end"
         self.channel.sock.close()
 
@@ -168,10 +168,10 @@ def test_replies_still_owed_at_the_end_are_read_by_the_thread(pair: Child) -> No
     with pair.channel.lock:
         pair.channel.end_loop_reading()
     assert pair.started == [pair.channel._read_replies]
-    assert json.loads(pair._lines.readline()) == {"type": "cancel", "id": 0}
+    assert json.loads(pair.lines.readline()) == {"type": "cancel", "id": 0}
     pair.reply(0, "late")
     pair.host.sendall(b"not json\n")  # read after the late reply: ends the reading
-    assert pair._ended[0].wait(HOST_PATIENCE_SECONDS)
+    assert pair.ended[0].wait(HOST_PATIENCE_SECONDS)
     assert pair.channel.waiters == {}  # the late reply was read, then the frame after it
     assert pair.broke == ["broke"]
 
@@ -244,7 +244,7 @@ def test_a_cancel_from_the_loop_reaches_the_host_and_the_late_reply_frees_its_pl
         waiting = asyncio.create_task(call(pair.channel, loop, 0))
         frame = await loop.run_in_executor(None, pair.call_frame)
         waiting.cancel()
-        cancel = json.loads(await loop.run_in_executor(None, pair._lines.readline))
+        cancel = json.loads(await loop.run_in_executor(None, pair.lines.readline))
         assert cancel == {"type": "cancel", "id": frame["id"]}
         pair.reply(frame["id"], "late")  # the place frees when the loop reads this
         host = pair.echo(1)
