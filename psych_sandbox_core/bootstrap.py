@@ -464,6 +464,8 @@ class Channel:
                         raise SystemExit("psych-sandbox bootstrap: host frame too long")
                     self._answer(json_loads(line))
         except BaseException:
+            # Also for what a signal handler of the program may raise in here: the reading
+            # would be left half done, and calls waiting on it waiting for ever.
             _channel_broke()
 
     def _read_replies(self):
