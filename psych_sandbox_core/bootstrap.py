@@ -299,10 +299,14 @@ class Channel:
         A call cancelled while it waits (wait_for, a cancelled task) stops waiting and tells
         the host, which cancels the tool; the reply that still comes frees its place."""
         granted = loop.create_future()
+        loop_thread = _thread.get_ident()
 
         def grant():
             try:
-                loop.call_soon_threadsafe(_grant, self, granted)
+                if _thread.get_ident() == loop_thread:
+                    loop.call_soon(_grant, self, granted)  # freed by this loop's own reading
+                else:
+                    loop.call_soon_threadsafe(_grant, self, granted)
             except RuntimeError:
                 return False  # the loop is closed: nobody will use the place
             return True
@@ -315,7 +319,6 @@ class Channel:
                     self._release_place()  # granted, then cancelled before it was used
                 raise
         future = loop.create_future()
-        loop_thread = _thread.get_ident()
 
         def deliver(reply):
             if _thread.get_ident() == loop_thread:
