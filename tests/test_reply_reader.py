@@ -28,8 +28,6 @@ from psych_sandbox_core.testing.host import status_of
 
 from .conftest import PROFILE, config
 
-#: Larger than a socket pair's buffers together, so a write of it waits for the reader.
-OVER_THE_BUFFERS = 8 * 1024 * 1024
 #: How long the canned host waits on a socket before it gives the test up as stuck.
 HOST_PATIENCE_SECONDS = 20.0
 
@@ -202,12 +200,23 @@ def test_a_call_from_a_thread_while_the_loop_is_blocked_gets_its_reply(pair: Chi
     assert pair.broke == []
 
 
+def over_the_buffers(pair: Child) -> int:
+    """More bytes than the socket pair's buffers hold together: a write of them waits for
+    the other end to read."""
+    held = sum(
+        sock.getsockopt(socket.SOL_SOCKET, option)
+        for sock in (pair.host, pair.channel.sock)
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF)
+    )
+    return 4 * held
+
+
 def test_a_loop_that_reads_never_waits_on_a_full_socket(pair: Child) -> None:
     # The host writes a reply larger than the socket holds and reads nothing until it is
     # written; meanwhile the loop writes a call larger than the socket holds. A loop that
     # blocked on its write would never read the reply that unblocks the host: it hands the
     # reading to the thread first.
-    big = "x" * OVER_THE_BUFFERS
+    big = "x" * over_the_buffers(pair)
 
     def host() -> None:
         try:
@@ -228,7 +237,7 @@ def test_a_loop_that_reads_never_waits_on_a_full_socket(pair: Child) -> None:
         large_call = pair.channel.call_async("echo", json.dumps({"big": big}), loop)
         return list(await asyncio.gather(large_reply, large_call))
 
-    assert asyncio.run(program()) == [big, OVER_THE_BUFFERS]
+    assert asyncio.run(program()) == [big, len(big)]
     serving.join()
     assert pair.started == [pair.channel._read_replies]
     assert pair.broke == []
