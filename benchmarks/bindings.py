@@ -39,6 +39,8 @@ from psych_sandbox_core.bindings import FunctionBindings
 
 WARM_CALLS = 200
 TARGET = 3.0
+#: Calls made together under gather, as a code-mode program makes them.
+GATHERED = 20
 
 PIPE_ECHO = (
     "import sys\n"
@@ -119,14 +121,21 @@ async def event_loop_round_trip(calls: int) -> float:
 
 
 def program(calls: int) -> str:
+    """One call at a time, then batches of GATHERED under gather: seconds per call, and
+    seconds per batch."""
+    batches = max(1, calls // GATHERED)
     return f"""
-import time
+import asyncio, time
 for _ in range({WARM_CALLS}):
     await noop()
 started = time.perf_counter()
 for _ in range({calls}):
     await noop()
-return (time.perf_counter() - started) / {calls}
+alone = (time.perf_counter() - started) / {calls}
+started = time.perf_counter()
+for _ in range({batches}):
+    await asyncio.gather(*[noop() for _ in range({GATHERED})])
+return [alone, (time.perf_counter() - started) / {batches}]
 """
 
 
@@ -134,7 +143,8 @@ async def noop() -> None:
     """The tool: async, as an agent runtime's tools are (plain functions run in a thread)."""
 
 
-async def binding_round_trip(calls: int) -> float:
+async def binding_round_trip(calls: int) -> tuple[float, float]:
+    """Seconds per call made alone, and per batch of GATHERED calls under gather."""
     config = DeploymentConfig(
         profiles={
             "bench": ProfileConfig(
@@ -148,7 +158,8 @@ async def binding_round_trip(calls: int) -> float:
         )
     if result.error is not None:
         raise SystemExit(f"benchmark program failed: {result.error.message}")
-    return float(result.return_value)
+    alone, gathered = result.return_value
+    return float(alone), float(gathered)
 
 
 SPINNER = (
@@ -176,16 +187,21 @@ def machine_state(state: str) -> Iterator[None]:
 def measure(state: str, backend: str, rounds: int, calls: int) -> dict[str, float]:
     """Median seconds per round trip of each kind, rounds interleaved so every kind sees
     the same machine (its frequency and idle states swing a round trip by several times)."""
-    samples: dict[str, list[float]] = {"blocking": [], "event_loop": [], "binding": []}
+    samples: dict[str, list[float]] = {
+        "blocking": [],
+        "event_loop": [],
+        "binding": [],
+        "gathered": [],
+    }
     with machine_state(state):
         for _ in range(rounds):
             samples["blocking"].append(blocking_pipe_round_trip(calls))
             samples["event_loop"].append(
                 anyio.run(partial(event_loop_round_trip, calls), backend=backend)
             )
-            samples["binding"].append(
-                anyio.run(partial(binding_round_trip, calls), backend=backend)
-            )
+            alone, gathered = anyio.run(partial(binding_round_trip, calls), backend=backend)
+            samples["binding"].append(alone)
+            samples["gathered"].append(gathered)
     return {kind: statistics.median(values) for kind, values in samples.items()}
 
 
@@ -218,6 +234,10 @@ def main() -> None:
             f"{loop * 1e6:8.1f} us"
         )
         print(f"  binding round trip (no-op tool):       {binding * 1e6:8.1f} us")
+        print(
+            f"  {GATHERED} no-op calls under gather:          {result['gathered'] * 1e6:8.1f} us "
+            f"({result['gathered'] / GATHERED * 1e6:.1f} us a call)"
+        )
         print(
             f"  ratio to the {options.backend} floor: {binding / loop:.2f}x (target under "
             f"{TARGET:g}x); to the blocking pipe: {binding / blocking:.2f}x"

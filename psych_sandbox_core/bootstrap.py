@@ -207,33 +207,42 @@ class Channel:
         else:
             raise SystemExit(f"psych-sandbox bootstrap: unknown channel {spec!r}")
         self.sock = sock
-        self._buffer = b""
+        self.fd = sock.fileno()
+        self._buffer = bytearray()
         if token is not None:
             sock.sendall(token + b"\n")
-        self.lock = _thread.allocate_lock()
+        self.lock = _thread.allocate_lock()  # one writer at a time; held to change the reader
         self.next_id = 0
+        self.reader = None  # who reads replies: None yet, an event loop, or READER_THREAD
+        self.read_lock = _thread.allocate_lock()  # held by a loop while it reads
 
     def send(self, frame):
-        self.sock.sendall((json_dumps(frame) + "\n").encode())
+        self._write((json_dumps(frame) + "\n").encode())
 
-    def _send_call(self, call_id, name, arguments_json):
-        # Type first, as every frame begins; the arguments as measured (see call_tool).
-        head = f'{{"type":"call","id":{int(call_id)},"name":{json_dumps(name)},"arguments":'
-        self.sock.sendall((head + arguments_json + "}\n").encode())
+    def _line(self, start=0):
+        """The first whole line in the buffer (taken out of it), b"" for a line longer than
+        a host frame may be, None when the line is not complete yet. ``start``: where a
+        newline can first be (the bytes before it were searched already)."""
+        end = self._buffer.find(b"\n", start)
+        if end >= 0:
+            line = bytes(self._buffer[: end + 1])
+            del self._buffer[: end + 1]
+            return line
+        if len(self._buffer) > MAX_HOST_FRAME_BYTES:
+            return b""
+        return None
 
     def _readline(self):
-        while True:
-            end = self._buffer.find(b"\n")
-            if end >= 0:
-                line, self._buffer = self._buffer[: end + 1], self._buffer[end + 1 :]
-                return line
-            if len(self._buffer) > MAX_HOST_FRAME_BYTES:
-                return b""
+        line = self._line()
+        while line is None:
             # 64 KiB: a larger request makes the allocator map and unmap memory per read.
             chunk = self.sock.recv(65536)
             if not chunk:
                 return b""
+            searched = len(self._buffer)
             self._buffer += chunk
+            line = self._line(searched)
+        return line
 
     def receive(self):
         line = self._readline()
@@ -246,10 +255,14 @@ class Channel:
 
     # Calls. Several may be in flight (from tasks, gathers, threads), up to the limit the run
     # frame gives; beyond it a call waits here, in order, for a reply to free a place.
-    # Replies are read by one thread of ours and handed to each call's waiter by id, so a
-    # call waits on its own reply without holding the channel or an event loop. That thread
-    # never writes and never waits on a writer, so a writer blocked on a full socket (the
-    # host busy writing a large reply) cannot stop the replies that unblock it.
+    # Replies are read by one reader and handed to each call's waiter by id, so a call waits
+    # on its own reply without holding the channel or an event loop. The reader is the event
+    # loop of the first call while only that loop calls (it watches the socket, so a reply
+    # wakes it once), and otherwise, for good, a thread of ours (a reply then wakes that
+    # thread, which wakes the waiter). Whoever reads never blocks on a write: a writer
+    # blocked on a full socket (the host busy writing a large reply) would stop the replies
+    # that unblock it. So the reader thread never writes, and a loop that reads writes only
+    # what the socket takes at once, handing the reading to the thread before it waits.
 
     def start_calls(self, limit):
         self.in_flight_limit = limit if isinstance(limit, int) and limit > 0 else 16
@@ -257,7 +270,6 @@ class Channel:
         self.waiters = {}  # call id -> deliver(reply)
         self.granting = []  # grant() of each call waiting for a place, in order
         self.state = _thread.allocate_lock()  # guards the three above; held only briefly
-        self.reading = False
 
     def call(self, name, arguments_json):
         """One call from a thread with no event loop running: block until its reply."""
@@ -278,7 +290,7 @@ class Channel:
             replies.append(reply)
             done.release()
 
-        self._send(name, arguments_json, deliver)
+        self._send(name, arguments_json, deliver, None)
         done.acquire()
         return _reply_value(replies[0])
 
@@ -287,10 +299,14 @@ class Channel:
         A call cancelled while it waits (wait_for, a cancelled task) stops waiting and tells
         the host, which cancels the tool; the reply that still comes frees its place."""
         granted = loop.create_future()
+        loop_thread = _thread.get_ident()
 
         def grant():
             try:
-                loop.call_soon_threadsafe(_grant, self, granted)
+                if _thread.get_ident() == loop_thread:
+                    loop.call_soon(_grant, self, granted)  # freed by this loop's own reading
+                else:
+                    loop.call_soon_threadsafe(_grant, self, granted)
             except RuntimeError:
                 return False  # the loop is closed: nobody will use the place
             return True
@@ -305,12 +321,15 @@ class Channel:
         future = loop.create_future()
 
         def deliver(reply):
+            if _thread.get_ident() == loop_thread:
+                _settle(future, reply)  # read by this loop itself: no wake-up to ask for
+                return
             try:
                 loop.call_soon_threadsafe(_settle, future, reply)
             except RuntimeError:
                 pass  # the loop is closed: nobody waits for this reply any more
 
-        call_id = self._send(name, arguments_json, deliver)
+        call_id = self._send(name, arguments_json, deliver, loop)
         try:
             reply = await future
         except BaseException:
@@ -352,42 +371,137 @@ class Channel:
             if grant():
                 return
 
-    def _send(self, name, arguments_json, deliver):
+    def _send(self, name, arguments_json, deliver, loop):
         # Claim, write and advance under one lock: an id is spent only once its frame was
         # written, and ids go out consecutively whichever thread writes them.
         with self.lock:
             call_id = self.next_id
-            with self.state:
-                self.waiters[call_id] = deliver  # before the write: the reply may come at once
             try:
-                self._send_call(call_id, name, arguments_json)
+                self._choose_reader(loop)
+                with self.state:
+                    self.waiters[call_id] = deliver  # before the write: the reply may come
+                head = f'{{"type":"call","id":{call_id},"name":{json_dumps(name)},"arguments":'
+                # Type first, as every frame begins; the arguments as measured (call_tool).
+                self._write((head + arguments_json + "}\n").encode())
             except BaseException:
                 with self.state:
-                    del self.waiters[call_id]
+                    self.waiters.pop(call_id, None)
                 self._release_place()
                 raise
             self.next_id = call_id + 1
-            if not self.reading:
-                self.reading = True
-                _thread.start_new_thread(self._read_replies, ())
         return call_id
+
+    def _choose_reader(self, loop):
+        """Make sure someone reads the reply to a call from ``loop`` (None: a thread with no
+        loop running). Under self.lock."""
+        reader = self.reader
+        if reader is READER_THREAD or (reader is loop and loop is not None):
+            return
+        if reader is not None and reader.is_closed() and not self.waiters:
+            reader = self.reader = None  # that loop ended owing no call a reply (a new run)
+        if reader is None and loop is not None and _DONTWAIT:
+            try:
+                loop.add_reader(self.fd, self._read_in_loop, loop)
+            except Exception:
+                pass  # a loop that cannot watch a socket (a proactor): the thread reads
+            else:
+                self.reader = loop
+                return
+        # Another loop, a thread, or a call that blocks: a loop could not be relied on to
+        # read its reply (it may be closed, or blocked waiting for that very call).
+        self.read_in_thread()
+
+    def end_loop_reading(self):
+        """The program is over: no loop reads now. The reader thread reads the replies to
+        calls still in flight, if any (they may still come). Under self.lock."""
+        if self.reader is None or self.reader is READER_THREAD:
+            return
+        with self.state:
+            waited = bool(self.waiters)
+        if waited:
+            self.read_in_thread()
+        else:
+            with self.read_lock:
+                self.reader = None
+
+    def read_in_thread(self):
+        """From now on, the reader thread reads the replies. Under self.lock."""
+        if self.reader is READER_THREAD:
+            return
+        with self.read_lock:  # a loop reading now finishes first; then it stops for good
+            self.reader = READER_THREAD
+        _thread.start_new_thread(self._read_replies, ())
+
+    def _write(self, data):
+        """Write a whole frame (under self.lock), never blocking the loop that reads."""
+        if self.reader is None or self.reader is READER_THREAD:
+            self.sock.sendall(data)
+            return
+        try:
+            sent = self.sock.send(data, _DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(data):
+            self.read_in_thread()
+            self.sock.sendall(memoryview(data)[sent:])
+
+    def _read_in_loop(self, loop):
+        """The loop's reader (called by ``loop`` when the socket is readable): take what has
+        arrived without waiting and answer each whole reply in it."""
+        try:
+            with self.read_lock:
+                if self.reader is not loop:
+                    loop.remove_reader(self.fd)  # the thread reads now
+                    return
+                try:
+                    chunk = self.sock.recv(65536, _DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    return
+                if not chunk:
+                    raise SystemExit("psych-sandbox bootstrap: control channel closed")
+                searched = len(self._buffer)
+                self._buffer += chunk
+                while (line := self._line(searched)) is not None:
+                    searched = 0
+                    if not line:
+                        raise SystemExit("psych-sandbox bootstrap: host frame too long")
+                    self._answer(json_loads(line))
+        except BaseException:
+            # Also for what a signal handler of the program may raise in here: the reading
+            # would be left half done, and calls waiting on it waiting for ever.
+            _channel_broke()
 
     def _read_replies(self):
         try:
             while True:
-                reply = self.receive()
-                if reply.get("type") != "reply":
-                    raise SystemExit("psych-sandbox bootstrap: unexpected host frame")
-                with self.state:
-                    deliver = self.waiters.pop(reply.get("id"), None)
-                if deliver is None:
-                    raise SystemExit("psych-sandbox bootstrap: a reply to no call in flight")
-                deliver(reply)
-                self._release_place()
+                self._answer(self.receive())
         except BaseException:
-            # The channel closed or broke: the host is gone or ending this execution, and a
-            # call waiting for its reply would wait for ever. The process goes too.
-            os._exit(1)
+            _channel_broke()
+
+    def _answer(self, reply):
+        """Hand a reply to its call; anything else from the host ends this process."""
+        if not isinstance(reply, dict) or reply.get("type") != "reply":
+            raise SystemExit("psych-sandbox bootstrap: unexpected host frame")
+        with self.state:
+            deliver = self.waiters.pop(reply.get("id"), None)
+        if deliver is None:
+            raise SystemExit("psych-sandbox bootstrap: a reply to no call in flight")
+        deliver(reply)
+        self._release_place()
+
+
+#: The reader when a thread of ours reads the replies (Channel.reader).
+READER_THREAD = "thread"
+#: Reads and writes that do not wait, on a socket that stays blocking for everyone else; 0
+#: where the platform has none (the reader thread then reads every reply).
+_DONTWAIT = getattr(_socket, "MSG_DONTWAIT", 0)
+
+
+def _channel_broke():
+    # The channel closed or broke, or the host sent what it may not: the host is gone or
+    # ending this execution, and a call waiting for its reply would wait for ever. The
+    # process goes too.
+    os._exit(1)
 
 
 def _grant(channel, granted):
@@ -1951,6 +2065,7 @@ def main(argv):
     if "variables_json" in result:
         frame["variables_json"] = result["variables_json"]
     with channel.lock:
+        channel.end_loop_reading()  # a reply may still come while these frames go
         if request:
             send_artifacts(channel, request, workspace)
         channel.send(frame)
