@@ -65,15 +65,19 @@ class LaunchRequest:
     #: The child's whole environment (an allow-list; backends add nothing secret).
     environment: dict[str, str] = field(default_factory=dict)
 
-    def bootstrap_command(self, interpreter: str | None = None) -> list[str]:
+    def bootstrap_command(
+        self, interpreter: str | None = None, passed_fds: list[int] | None = None
+    ) -> list[str]:
         """Interpreter arguments that run the bootstrap (``-c`` and what follows).
 
         Pass the interpreter when the host can run the same binary the child will: the
-        bootstrap is then compiled once for it instead of at every start.
+        bootstrap is then compiled once for it instead of at every start. Pass
+        ``passed_fds`` when the child is given descriptors: the compiled code may then come
+        in one, added to the list (close it once the child is spawned).
         """
         from .bootstrap_loader import bootstrap_arguments
 
-        return bootstrap_arguments(interpreter, self.bootstrap_source)
+        return bootstrap_arguments(interpreter, self.bootstrap_source, passed_fds)
 
 
 class Launched(ABC):
