@@ -8,6 +8,7 @@ applied, the child reports what it observes, and the core grades both.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, get_args, get_origin
@@ -99,6 +100,19 @@ class Launched(ABC):
     #: child's service), as known by the handshake: its identity is graded against that
     #: uid and this process's both. None: the child runs beside this process.
     host_uid: int | None = None
+    #: What to call once the result is handed back ahead of the teardown (see handed_back).
+    _on_handed_back: tuple[Callable[[], None], ...] = ()
+
+    def when_handed_back(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once this execution's result is handed back ahead of its
+        teardown (a leased identity then knows it is on its way back)."""
+        self._on_handed_back = (*self._on_handed_back, callback)
+
+    def handed_back(self) -> None:
+        """The execution's result is being handed back ahead of the teardown: only the
+        teardown remains (called by the core, before the caller can go on)."""
+        for callback in self._on_handed_back:
+            callback()
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
         """CPU seconds and peak memory of the child so far, read while it may still be

@@ -27,6 +27,7 @@ from .early_result import (
     EarlyDelivery,
     end_marker,
     host_walks,
+    marker_for_program,
     settled_or_exited,
 )
 from .ending import Ending, conclude_ending
@@ -121,7 +122,7 @@ class ChildDriver:
         """Give the child its program (the handshake first if not done) and supervise it to
         its end; with ``on_early_result``, see docs/architecture.md (warm results)."""
         launched = self._launched
-        marker = None if on_early_result is None else end_marker(launched, plan)
+        marker = None if on_early_result is None else end_marker(launched)
         encoded = None if marker is None else marker.encode("ascii")
         relay = plan.relay
         self._stdout = StreamCapture(
@@ -140,6 +141,7 @@ class ChildDriver:
                 self._delivered = await conclude_ending(
                     self._ending(plan, started, collection, launched.usage_so_far())
                 )
+                launched.handed_back()  # before the caller can go on (and lease again)
                 deliver_to(self._delivered)
 
             early = EarlyDelivery(marker, deliver)
@@ -221,7 +223,7 @@ class ChildDriver:
                 return
             if self._harness.connections:
                 conversation.network_reached()
-            terms, calls = self._terms(plan, end_marker)
+            terms, calls = self._terms(plan, marker_for_program(self._launched, plan, end_marker))
             cpu_spent = await self._talk.program(terms, calls)
             mark("result frame")
             if cpu_spent:

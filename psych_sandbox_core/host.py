@@ -41,9 +41,71 @@ __all__ = [
 ]
 
 
-async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
+async def execute(
+    backend: Backend, plan: ExecutionPlan, task_group: TaskGroup | None = None
+) -> ExecutionResult:
     """Run one program to a result on a fresh child (the handshake under the plan's wall
-    clock). A program's failure is data; this does not raise for it."""
+    clock). A program's failure is data; this does not raise for it.
+
+    With ``task_group`` (a long-lived Sandbox's), the execution runs there and its result
+    comes back as soon as it is complete, which on a backend that allows it is before the
+    child's teardown has finished (it finishes in that task group, which awaits it)."""
+    if task_group is None:
+        return await _execute(backend, plan)
+    cancel = plan.cancel if plan.cancel is not None else anyio.Event()
+    plan = dataclasses.replace(plan, cancel=cancel)
+    handed = _HandedBack()
+    task_group.start_soon(_execute_in_background, backend, plan, handed)
+    try:
+        await handed.done.wait()
+    except BaseException:
+        # The caller went away: the execution must not outlive it.
+        cancel.set()
+        raise
+    return handed.result()
+
+
+class _HandedBack:
+    """A result (or the error that stands for it) handed from the execution's task."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self._result: ExecutionResult | None = None
+        self._error: BaseException | None = None
+
+    def hand(self, result: ExecutionResult | None, error: BaseException | None = None) -> None:
+        if not self.done.is_set():  # handed back early: the teardown's ending changes nothing
+            self._result, self._error = result, error
+            self.done.set()
+
+    def result(self) -> ExecutionResult:
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+async def _execute_in_background(
+    backend: Backend, plan: ExecutionPlan, handed: _HandedBack
+) -> None:
+    # Shielded: the execution ends by its own clock or its caller's cancel event, and closing
+    # the Sandbox awaits its teardown rather than cutting it short.
+    with anyio.CancelScope(shield=True):
+        try:
+            handed.hand(await _execute(backend, plan, handed.hand))
+        except Exception as exc:
+            # A bug reaches the caller it concerns, not every execution sharing the group.
+            handed.hand(None, exc)
+        finally:
+            # Whatever ended it, the caller is never left waiting.
+            handed.hand(None, RuntimeError("the execution ended without a result"))
+
+
+async def _execute(
+    backend: Backend,
+    plan: ExecutionPlan,
+    on_early_result: Callable[[ExecutionResult], None] | None = None,
+) -> ExecutionResult:
     started = time.monotonic()
     mark("start")
     child: ChildDriver | None = None
@@ -57,7 +119,7 @@ async def execute(backend: Backend, plan: ExecutionPlan) -> ExecutionResult:
             else:
                 async with backend.launch(_launch_request(harness, plan.limits)) as launched:
                     child = ChildDriver(launched, harness)
-                    await child.run(plan, started)
+                    await child.run(plan, started, on_early_result)
                 mark("launch left")
         except BackendUnavailable as exc:
             backend_failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))

@@ -128,7 +128,7 @@ class WarmPool:
         child = self._ready.popleft() if self._ready else None
         if child is None:
             try:
-                return await execute(self._backend, plan)
+                return await execute(self._backend, plan, self._task_group)
             finally:
                 # Only now: a child prepared alongside would take what this run needs first
                 # (one of a small identity range's uids, say).
@@ -141,7 +141,7 @@ class WarmPool:
             self.refill()
         if result is None:
             # The child died between being taken and being given its program: run cold.
-            return await execute(self._backend, plan)
+            return await execute(self._backend, plan, self._task_group)
         return result
 
     def _room_for_one(self) -> bool:

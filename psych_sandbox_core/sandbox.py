@@ -375,7 +375,9 @@ class Sandbox:
             async with relaying(on_output) as relay:
                 plan = dataclasses.replace(plan, relay=relay)
                 result = await (
-                    pool.run(plan) if pool is not None else execute(loaded.backend, plan)
+                    pool.run(plan)
+                    if pool is not None
+                    else execute(loaded.backend, plan, self._task_group)
                 )
         finally:
             if run_id is None and isinstance(run_log, MemoryRunLog):

@@ -301,8 +301,9 @@ class BackendConformance:
     #: shell form then exits 127, as a shell says "not found").
     has_shell: ClassVar[bool] = True
 
-    #: Whether a warm execution's result is handed back before its child's teardown on
-    #: this host (the launch sets ``early_result_ok``; see docs/architecture.md).
+    #: Whether an execution's result, a prepared child's and a fresh one's alike, is handed
+    #: back before its child's teardown on this host (the launch sets ``early_result_ok``;
+    #: see docs/architecture.md).
     early_result: ClassVar[bool] = False
 
     profile: ClassVar[str] = "conformance"
@@ -630,7 +631,8 @@ class BackendConformance:
 
     @pytest.mark.anyio
     async def test_a_prepared_child_gives_what_a_fresh_one_gives(self) -> None:
-        cold = await self.run(WARM_PROGRAM)
+        with recording() as cold_reached:
+            cold = await self.run(WARM_PROGRAM)
         async with self.sandbox(warm=1) as sandbox:
             # The child is prepared in a task started from here: its points are recorded
             # too, its teardown's included (finished once the sandbox is closed).
@@ -649,6 +651,9 @@ class BackendConformance:
         assert early is self.early_result, points
         if early:
             assert points.index("result handed back") < points.index("reaped"), points
+        # A fresh child's result comes back early exactly where a prepared one's does.
+        cold_points = [point for point, _ in cold_reached]
+        assert ("result handed back" in cold_points) is self.early_result, cold_points
 
     @pytest.mark.anyio
     async def test_a_prepared_child_leaves_nothing_once_the_sandbox_closes(self) -> None:
