@@ -1235,28 +1235,31 @@ class BackendConformance:
                     planted = await sandbox.run(
                         planting_program(mark, target, target_dir), profile=self.profile
                     )
-                    assert planted.error is None, planted.error
-                    done = json.loads(planted.return_value)
-                    # Planted in the execution's own IPC namespace and temporary directory...
-                    assert all(done[kind] for kind in ("shm", "msg", "sem", "/tmp")), done
-                    # ...and none of it is on the host once the execution is over (keys are
-                    # collected by the kernel in the background).
-                    assert host_leftovers(mark, uid) in ([], ["keys"])
-                    # This process is a child subreaper during the test (see the fixture): an
-                    # orphan a backend leaves to the system's init (bwrap's namespace init) is
-                    # this process's to reap, and until then its zombie holds the uid's keys.
-                    me = os.getpid()
-                    reap_children(
-                        {
-                            p.pid
-                            for p in host_processes().values()
-                            if p.ppid == me and not p.alive and uid in p.uids
-                        }
-                    )
-                    with anyio.move_on_after(10):
-                        while has_keys(uid):
-                            await anyio.sleep(0.05)
-                    assert not has_keys(uid)
+                # The Sandbox closed: its execution is over, its teardown included (a result
+                # may come back before its teardown has finished).
+                assert planted.error is None, planted.error
+                done = json.loads(planted.return_value)
+                # Planted in the execution's own IPC namespace and temporary directory...
+                assert all(done[kind] for kind in ("shm", "msg", "sem", "/tmp")), done
+                # ...and none of it is on the host once the execution is over (keys are
+                # collected by the kernel in the background).
+                assert host_leftovers(mark, uid) in ([], ["keys"])
+                # This process is a child subreaper during the test (see the fixture): an
+                # orphan a backend leaves to the system's init (bwrap's namespace init) is
+                # this process's to reap, and until then its zombie holds the uid's keys.
+                me = os.getpid()
+                reap_children(
+                    {
+                        p.pid
+                        for p in host_processes().values()
+                        if p.ppid == me and not p.alive and uid in p.uids
+                    }
+                )
+                with anyio.move_on_after(10):
+                    while has_keys(uid):
+                        await anyio.sleep(0.05)
+                assert not has_keys(uid)
+                async with self.sandbox(options=options) as sandbox:
                     found = await sandbox.run(finding_program(mark), profile=self.profile)
         assert found.error is None, found.error
         assert json.loads(found.return_value) == []
