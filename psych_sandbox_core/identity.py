@@ -330,7 +330,8 @@ class LeasedIdentityBackend(Backend[LeasedOptionsT], options=LeasedIdentityOptio
             ) as identity,
             self.launch_as(request, identity) as launched,
         ):
-            launched.when_handed_back(identity.returning)
+            if isinstance(launched, Launched):
+                launched.when_handed_back(identity.returning)
             yield launched
 
     @abstractmethod
