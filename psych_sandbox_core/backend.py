@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, get_args, get_origin
@@ -66,15 +67,19 @@ class LaunchRequest:
     #: The child's whole environment (an allow-list; backends add nothing secret).
     environment: dict[str, str] = field(default_factory=dict)
 
-    def bootstrap_command(self, interpreter: str | None = None) -> list[str]:
+    def bootstrap_command(
+        self, interpreter: str | None = None, passed_fds: list[int] | None = None
+    ) -> list[str]:
         """Interpreter arguments that run the bootstrap (``-c`` and what follows).
 
         Pass the interpreter when the host can run the same binary the child will: the
-        bootstrap is then compiled once for it instead of at every start.
+        bootstrap is then compiled once for it instead of at every start. Pass
+        ``passed_fds`` when the child is given descriptors: the compiled code may then come
+        in one, added to the list (close it once the child is spawned).
         """
         from .bootstrap_loader import bootstrap_arguments
 
-        return bootstrap_arguments(interpreter, self.bootstrap_source)
+        return bootstrap_arguments(interpreter, self.bootstrap_source, passed_fds)
 
 
 class Launched(ABC):
@@ -96,6 +101,19 @@ class Launched(ABC):
     #: child's service), as known by the handshake: its identity is graded against that
     #: uid and this process's both. None: the child runs beside this process.
     host_uid: int | None = None
+    #: What to call once the result is handed back ahead of the teardown (see handed_back).
+    _on_handed_back: tuple[Callable[[], None], ...] = ()
+
+    def when_handed_back(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once this execution's result is handed back ahead of its
+        teardown (a leased identity then knows it is on its way back)."""
+        self._on_handed_back = (*self._on_handed_back, callback)
+
+    def handed_back(self) -> None:
+        """The execution's result is being handed back ahead of the teardown: only the
+        teardown remains (called by the core, before the caller can go on)."""
+        for callback in self._on_handed_back:
+            callback()
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
         """CPU seconds and peak memory of the child so far, read while it may still be

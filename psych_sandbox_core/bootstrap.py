@@ -5,10 +5,10 @@
 # Sequence: connect the channel -> probe own containment -> hello -> wait for run or abort
 # -> apply limits -> compile -> run -> result frame -> exit.
 #
-# Imports are kept to C modules every run needs (_ast, _json, _socket, _thread); the Python
-# wrappers around them (ast, json, socket, threading) would import re, enum and collections,
-# which roughly doubles an interpreter's start-up. asyncio and traceback load only when used.
-import _ast as ast
+# Imports are kept to C modules every run needs (_json, _socket, _thread; _ast once the hello
+# is sent, see _load_ast); the Python wrappers around them (ast, json, socket, threading)
+# would import re, enum and collections, which roughly doubles an interpreter's start-up.
+# asyncio and traceback load only when used.
 import _socket
 import _thread
 import os
@@ -867,11 +867,28 @@ class _ScopeWalker(_NodeVisitor):
     visit_YieldFrom = visit_Yield
 
 
+if "_ast" in sys.modules:  # the compiler's tree types, already imported by the start-up
+    import _ast as ast
+else:
+    ast = None  # type: ignore[assignment]  # imported by _load_ast
+
+
+def _load_ast():
+    """Import the compiler's tree types, which building a program needs: about 1.5 ms, taken
+    off a cold child's start by doing it once the hello is sent, while the host grades it."""
+    global ast
+    if ast is None:
+        import _ast
+
+        ast = _ast
+
+
 def build_program(source):
     """Parse the model's program and wrap its body in a synthetic function.
 
     Returns (code, is_async). Raises SyntaxError with the program's own line and column.
     """
+    _load_ast()
     tree = compile(source, PROGRAM_FILENAME, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
     body = list(tree.body)  # type: ignore[attr-defined]
     futures = []
@@ -1779,11 +1796,16 @@ def _contain(spec):
     host sees a child that never reported, and nothing runs under weaker terms.
     """
     flags, uid, gid, host_pid = spec.split(":")
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if int(flags) and libc.unshare(int(flags)) != 0:
-        raise SystemExit(f"psych-sandbox bootstrap: unshare failed (errno {ctypes.get_errno()})")
+    libc = _load_libc()
+    if int(flags):
+        try:
+            if hasattr(os, "unshare"):  # 3.12+
+                os.unshare(int(flags))
+            elif libc.unshare(int(flags)) != 0:
+                raise OSError(libc.get_errno(), "unshare")
+        except OSError as exc:
+            message = f"psych-sandbox bootstrap: unshare failed (errno {exc.errno})"
+            raise SystemExit(message) from None
     # This process and the namespace's init it forks are ours, not the program's: undumpable,
     # no process of the program can trace them or read or write their memory, even where it
     # shares their uid (an unprivileged host) and holds capabilities in their user namespace
@@ -1793,6 +1815,46 @@ def _contain(spec):
     if host_pid and os.getppid() != int(host_pid):
         os._exit(1)  # the host died before we could tie ourselves to it
     return libc, ((int(uid), int(gid)) if uid else None)
+
+
+class _Libc:
+    """The C library's prctl and unshare, and the errno they leave, as ctypes' CDLL offers
+    them (arguments passed as C ints, an int returned)."""
+
+    def __init__(self, prctl, unshare, get_errno):
+        self.prctl = prctl
+        self.unshare = unshare
+        self.get_errno = get_errno
+
+
+def _load_libc():
+    """prctl and unshare through _ctypes alone: the ctypes package around it (its types, its
+    loader classes, struct) costs a cold child about 3 ms, on the path of every execution,
+    for these two calls. ctypes itself where _ctypes is not what this expects."""
+    try:
+        import _ctypes
+
+        class c_int(_ctypes._SimpleCData):  # type: ignore[type-arg]
+            _type_ = "i"
+
+        class Function(_ctypes.CFuncPtr):
+            # What CDLL(None, use_errno=True) makes of a name.
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+            _restype_ = c_int
+
+        class Process:
+            # dlopen(NULL): the symbols the process has loaded already, libc's among them.
+            _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]
+
+        # A function is named by (name, an object holding the library's handle).
+        prctl = Function(("prctl", Process))  # type: ignore[arg-type]
+        unshare = Function(("unshare", Process))  # type: ignore[arg-type]
+        return _Libc(prctl, unshare, _ctypes.get_errno)
+    except Exception:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return _Libc(libc.prctl, libc.unshare, ctypes.get_errno)
 
 
 def _join_cgroup(spec):
@@ -2018,15 +2080,15 @@ def main(argv):
     elif options.get("pid-namespace") == "1":
         # A backend that made the pid namespace itself (no containment asked of us): the
         # namespace still needs an init that is not the program.
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = _load_libc()
         _pid_namespace_init(libc, int(init_report) if init_report else None)
         _become_program(libc, None)
     channel = Channel(options["channel"])
     channel.send(
         {"type": "hello", "protocol": PROTOCOL_VERSION, "report": probe(probe_config)}
     )
+    if not _arrived(channel.sock, 0.0):
+        _load_ast()  # the host is still grading the hello
     _prepare_while_idle(channel.sock)
     frame = channel.receive()
     if frame.get("type") != "run":

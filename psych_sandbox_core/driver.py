@@ -28,6 +28,7 @@ from .early_result import (
     EarlyDelivery,
     end_marker,
     host_walks,
+    marker_for_program,
     settled_or_exited,
 )
 from .ending import Ending, conclude_ending
@@ -120,16 +121,13 @@ class ChildDriver:
         plan: ExecutionPlan,
         started: float,
         on_early_result: Callable[[ExecutionResult], None] | None = None,
-        *,
-        before_exit: bool = True,
     ) -> None:
         """Give the child its program (the handshake first if not done) and supervise it to
         its end; with ``on_early_result``, a result final before the teardown is handed to
-        it: a timeout once the whole tree was seen ended and, unless ``before_exit`` is
-        False, one complete before the child's exit (see docs/architecture.md, warm
-        results)."""
+        it: one complete before the child's exit, or a timeout once the whole tree was seen
+        ended (see docs/architecture.md, early results)."""
         launched = self._launched
-        marker = None if on_early_result is None or not before_exit else end_marker(launched, plan)
+        marker = None if on_early_result is None else end_marker(launched)
         encoded = None if marker is None else marker.encode("ascii")
         relay = plan.relay
         self._stdout = StreamCapture(
@@ -148,6 +146,7 @@ class ChildDriver:
                 self._delivered = await conclude_ending(
                     self._ending(plan, started, collection, launched.usage_so_far())
                 )
+                launched.handed_back()  # before the caller can go on (and lease again)
                 deliver_to(self._delivered)
 
             early = EarlyDelivery(marker, deliver)
@@ -257,7 +256,7 @@ class ChildDriver:
                 return
             if self._harness.connections:
                 conversation.network_reached()
-            terms, calls = self._terms(plan, end_marker)
+            terms, calls = self._terms(plan, marker_for_program(self._launched, plan, end_marker))
             program_given()
             cpu_spent = await self._talk.program(terms, calls)
             mark("result frame")

@@ -1,9 +1,9 @@
-"""A warm execution's result handed back before its child is torn down.
+"""An execution's result handed back before its child is torn down.
 
-A warm child's program ends with a result frame and a random end marker written to both of
-its streams: once the result is accepted and both markers went by, output and result are
+A child's program ends with a result frame and a random end marker written to both of its
+streams: once the result is accepted and both markers went by, output and result are
 complete, and the result is handed back before the child's exit is reported and its teardown
-done (see docs/architecture.md, warm results).
+done (see docs/architecture.md, early results), for a warm child and a cold one alike.
 """
 
 from __future__ import annotations
@@ -17,31 +17,41 @@ import anyio
 from .backend import Launched
 from .plan import ExecutionPlan
 
-#: After a warm result was handed back early, how long the teardown waits for the child's
-#: own exit before killing it (it exits right after its result frame).
+#: After a result was handed back early, how long the teardown waits for the child's own
+#: exit before killing it (it exits right after its result frame).
 EXIT_AFTER_EARLY_RESULT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
 class EarlyDelivery:
-    """The end marker of a warm execution, and how its result is handed back early."""
+    """The end marker of an execution, and how its result is handed back early."""
 
     marker: str
     deliver: Callable[[], Awaitable[None]]
 
 
-def end_marker(launched: Launched, plan: ExecutionPlan) -> str | None:
+def end_marker(launched: Launched) -> str | None:
     """The end marker for an execution whose result may be handed back early, or None where
-    the host must see the child end first. Where the host walks the workspace for files, only
-    if the backend can tell, at the marker, that no process the program started is left to
-    write there (it notes the child's processes now, before the program runs)."""
+    the host must see the child end first (whether it is given to the program is decided
+    once the child is graded: :func:`marker_for_program`)."""
     if not launched.early_result_ok:
-        return None
-    if host_walks(launched, plan) and not launched.before_program():
         return None
     # Random per execution: output cannot end a stream early by chance (a program that finds
     # and prints it only cuts its own output short).
     return f"<psych-sandbox-end:{secrets.token_hex(16)}>"
+
+
+def marker_for_program(launched: Launched, plan: ExecutionPlan, marker: str | None) -> str | None:
+    """The end marker given to the program in its run frame, decided once the child is
+    graded and before its program exists: where the host walks the workspace for files, only
+    if the backend can tell, at the marker, that no process the program started is left to
+    write there (it notes the child's processes now: every process of the bootstrap exists
+    once it has reported, a cold child's too)."""
+    if marker is None:
+        return None
+    if host_walks(launched, plan) and not launched.before_program():
+        return None
+    return marker
 
 
 def host_walks(launched: Launched, plan: ExecutionPlan) -> bool:

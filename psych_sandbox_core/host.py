@@ -47,10 +47,12 @@ async def execute(
     """Run one program to a result on a fresh child (the handshake under a first deadline of
     the plan's wall clock). A program's failure is data; this does not raise for it.
 
-    With ``task_group``, a timeout is returned as soon as the host saw the child's whole
-    tree end, and the rest of its teardown finishes in that group, shielded (as a warm
-    child's does); every other ending, and a caller cancelled meanwhile, still waits for
-    the teardown."""
+    With ``task_group`` (a long-lived Sandbox's), the execution runs there and its result
+    comes back as soon as it is final, which on a backend that allows it is before the
+    child's teardown has finished (a result complete before the child's exit, or a timeout
+    once the host saw the whole tree end); the teardown then finishes in that group,
+    shielded, and closing the Sandbox awaits it. A caller cancelled before its result still
+    waits for the teardown: its execution does not outlive it."""
     if task_group is None:
         return await _execute(backend, plan)
     scope = anyio.CancelScope()
@@ -113,7 +115,7 @@ async def _execute(
             else:
                 async with backend.launch(_launch_request(harness, plan.limits)) as launched:
                     child = ChildDriver(launched, harness)
-                    await child.run(plan, started, on_early_result, before_exit=False)
+                    await child.run(plan, started, on_early_result)
                 mark("launch left")
         except BackendUnavailable as exc:
             backend_failure = ExecutionFailure.of(ErrorKind.BACKEND_NOT_READY, str(exc))

@@ -33,6 +33,7 @@ import os
 import stat
 import sys
 import tempfile
+import threading
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -189,6 +190,16 @@ class ExecutionIdentity:
     #: fixed identity every execution shares, or none.
     exclusive: bool
     _proof: EmptyCgroup | None = field(default=None, repr=False)
+    #: The range a lease came from, once its execution is over and it is on its way back.
+    _range: IdentityRange | None = field(default=None, repr=False)
+    _returning: bool = field(default=False, repr=False)
+
+    def returning(self) -> None:
+        """The execution is over (its result handed back): the lease only awaits its
+        teardown and retirement, and a lease from its range may wait for it."""
+        if self._range is not None and not self._returning:
+            self._returning = True
+            _returns.begin(self._range)
 
     def proven_empty(self, proof: EmptyCgroup | None) -> None:
         """Record the kernel's proof that no process of the execution remains (the removed
@@ -213,13 +224,60 @@ async def leased_identity(
         yield ExecutionIdentity(fixed, exclusive=False)
         return
     held = await identities.lease_for_execution()
-    identity = ExecutionIdentity((held.uid, held.gid), exclusive=True)
+    identity = ExecutionIdentity((held.uid, held.gid), exclusive=True, _range=identities)
     mark("identity leased")
     try:
         yield identity
     finally:
-        await held.retire(identity._proof)
+        identity.returning()
+        try:
+            await held.retire(identity._proof)
+        finally:
+            _returns.end(identities)
         mark("identity retired")
+
+
+class _Returns:
+    """This process's leases being retired, by range and by the thread of the event loop
+    retiring them, and who waits there for one to come back (an event is set only on the
+    loop it was made on)."""
+
+    def __init__(self) -> None:
+        self._retiring: dict[tuple[IdentityRange, int], int] = {}
+        self._returned: dict[tuple[IdentityRange, int], int] = {}
+        self._waiting: dict[tuple[IdentityRange, int], list[anyio.Event]] = {}
+
+    def retiring(self, identities: IdentityRange) -> bool:
+        return self._retiring.get(_here(identities), 0) > 0
+
+    def count(self, identities: IdentityRange) -> int:
+        """How many leases of the range this loop has retired so far."""
+        return self._returned.get(_here(identities), 0)
+
+    async def wait(self, identities: IdentityRange) -> None:
+        """Return once a lease of the range was retired here (or failed to be)."""
+        event = anyio.Event()
+        self._waiting.setdefault(_here(identities), []).append(event)
+        await event.wait()
+
+    def begin(self, identities: IdentityRange) -> None:
+        key = _here(identities)
+        self._retiring[key] = self._retiring.get(key, 0) + 1
+
+    def end(self, identities: IdentityRange) -> None:
+        """A lease of the range, begun returning, was retired (or failed to be)."""
+        key = _here(identities)
+        self._retiring[key] -= 1
+        self._returned[key] = self._returned.get(key, 0) + 1
+        for event in self._waiting.pop(key, []):
+            event.set()
+
+
+def _here(identities: IdentityRange) -> tuple[IdentityRange, int]:
+    return identities, threading.get_ident()
+
+
+_returns = _Returns()
 
 
 LeasedOptionsT = TypeVar(
@@ -272,6 +330,8 @@ class LeasedIdentityBackend(Backend[LeasedOptionsT], options=LeasedIdentityOptio
             ) as identity,
             self.launch_as(request, identity) as launched,
         ):
+            if isinstance(launched, Launched):
+                launched.when_handed_back(identity.returning)
             yield launched
 
     @abstractmethod
@@ -304,11 +364,20 @@ class IdentityRange:
     async def lease_for_execution(self) -> IdentityLease:
         """A lease, or BackendUnavailable when every uid is in use: more executions at once
         than the range holds is the deployment's limit, not the program's. In a worker
-        thread: the cursor's lock may be held by another host sweeping a crashed one's uid."""
-        try:
-            return await anyio.to_thread.run_sync(self.lease)
-        except IdentityExhausted as exc:
-            raise BackendUnavailable(str(exc)) from exc
+        thread: the cursor's lock may be held by another host sweeping a crashed one's uid.
+
+        A uid of this process's own that is being retired is not in use by a running
+        execution (its result may already have been handed back): with every uid taken and
+        one of them on its way back, this waits for it rather than fail."""
+        while True:
+            returned = _returns.count(self)
+            try:
+                return await anyio.to_thread.run_sync(self.lease)
+            except IdentityExhausted as exc:
+                if not _returns.retiring(self):
+                    raise BackendUnavailable(str(exc)) from exc
+                if _returns.count(self) == returned:
+                    await _returns.wait(self)
 
     def lease(self) -> IdentityLease:
         """The next free uid after the one this range handed out last (blocking)."""

@@ -27,17 +27,25 @@ STDERR_READ_SECONDS = 1.0
 
 
 def bootstrap_argv(
-    interpreter: str, request: LaunchRequest, channel_spec: str, *, precompiled: bool = True
+    interpreter: str,
+    request: LaunchRequest,
+    channel_spec: str,
+    *,
+    precompiled: bool = True,
+    passed_fds: list[int] | None = None,
 ) -> list[str]:
     """The child's command line: ``interpreter`` in isolated, unbuffered mode running the
     bootstrap, then the channel and probe arguments. ``precompiled`` when the host can run
     that very interpreter (the bootstrap is then compiled once for it); False when it cannot
-    (an image's). Append backend-specific arguments (``pid-namespace=1`` and the like)."""
+    (an image's). ``passed_fds``: the descriptors the child is given, to which the compiled
+    code's may be added (the caller closes it once the child is spawned; see
+    bootstrap_loader.py). Append backend-specific arguments (``pid-namespace=1`` and the
+    like)."""
     return [
         interpreter,
         "-I",
         "-u",
-        *request.bootstrap_command(interpreter if precompiled else None),
+        *request.bootstrap_command(interpreter if precompiled else None, passed_fds),
         f"channel={channel_spec}",
         "probe=" + json.dumps(request.probe.as_json_object()),
     ]

@@ -457,7 +457,9 @@ async def test_forged_artifact_frames_are_protocol_errors(
     body, named = case
     async with hidden_sandbox(artifact_bytes=2 << 20) as box:
         await box.run("1", profile=PROFILE)  # warm-up, so descriptors are comparable
-        fds = open_fds()
+    # Taken once that Sandbox has closed: a result may come back before its teardown.
+    fds = open_fds()
+    async with hidden_sandbox(artifact_bytes=2 << 20) as box:
         result = await box.run(PRELUDE + body, profile=PROFILE)
         error = result.error
         assert error is not None, f"forged artifacts accepted: {result.artifacts}"
@@ -468,7 +470,7 @@ async def test_forged_artifact_frames_are_protocol_errors(
         healthy = await box.run("open('f', 'w').write('ok')\n21 * 2", profile=PROFILE)
         assert healthy.error is None and healthy.return_value == 42
         assert [a.path for a in healthy.artifacts] == ["f"]
-        assert open_fds() == fds
+    assert open_fds() == fds
     # Nothing was written anywhere: the workspaces are gone and no escape file appeared.
     assert list(private_tmp.iterdir()) == []
     assert not (private_tmp.parent / "escape").exists()

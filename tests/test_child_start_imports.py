@@ -43,3 +43,39 @@ def test_the_network_probe_imports_only_where_there_is_more_than_loopback(
     )
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == expected
+
+
+_LIBC = """
+import sys
+if BROKEN:
+    # The bootstrap's own call (no mode) fails as on an interpreter whose _ctypes differs;
+    # the ctypes package's (with one) goes through.
+    import _ctypes
+    dlopen = _ctypes.dlopen
+    def refuse(name, *mode):
+        if not mode:
+            raise TypeError("not this _ctypes")
+        return dlopen(name, *mode)
+    _ctypes.dlopen = refuse
+namespace = {"__name__": "bootstrap"}
+exec(compile(SOURCE, "<bootstrap>", "exec"), namespace)
+before = set(sys.modules)
+libc = namespace["_load_libc"]()
+# PR_GET_DUMPABLE (3), and unshare of nothing: both answer 0 or more only if really called.
+print(libc.prctl(3, 0, 0, 0, 0), libc.unshare(0), "ctypes" in set(sys.modules) - before)
+"""
+
+
+@pytest.mark.parametrize(("broken", "imports_ctypes"), [(False, False), (True, True)])
+def test_containment_calls_the_c_library_without_the_ctypes_package(
+    tmp_path: Path, broken: bool, imports_ctypes: bool
+) -> None:
+    # The ctypes package costs a cold child milliseconds for two calls; where _ctypes is not
+    # what the bootstrap expects, ctypes itself still makes them.
+    script = tmp_path / "libc.py"
+    script.write_text(f"SOURCE = {bootstrap_source()!r}\nBROKEN = {broken!r}\n" + _LIBC)
+    completed = subprocess.run(
+        [sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=60
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["1", "0", str(imports_ctypes)]

@@ -339,6 +339,52 @@ async def test_a_caller_that_goes_away_cancels_its_warm_execution() -> None:
     assert status is not None and status.signal == signal.SIGTERM
 
 
+async def test_a_cold_result_comes_before_the_teardown_in_a_task_group() -> None:
+    release = anyio.Event()
+
+    async def script(child: ScriptedChild) -> None:
+        await child.hello()
+        run = await child.receive()
+        # Decided once the child was graded: the cold child gets its marker too.
+        assert isinstance(run, RunFrame) and run.end_marker is not None
+        marker = run.end_marker.encode()
+        await child.stdout(b"out\n" + marker)
+        await child.stderr(marker)
+        await child.returned(3)
+        await release.wait()  # still alive when its result is handed back
+
+    backend = FakeBackend(script, early_result_ok=True)
+    async with anyio.create_task_group() as tg:
+        result = await execute(backend, plan(), tg)
+        assert backend.launched[0].status is None  # not exited yet
+        assert backend.live == 1
+        release.set()
+    assert result.error is None and result.return_value == 3 and result.stdout == "out\n"
+    # The task group awaited the teardown.
+    assert backend.launched[0].status is not None and backend.launched[0].status.code == 0
+    assert backend.live == 0
+
+
+async def test_a_caller_that_goes_away_cancels_its_cold_execution_in_a_task_group() -> None:
+    started = anyio.Event()
+
+    async def script(child: ScriptedChild) -> None:
+        await child.hello()
+        await child.receive()
+        started.set()
+        await child.sleep_forever()
+
+    backend = FakeBackend(script, early_result_ok=True)
+    async with anyio.create_task_group() as tg:
+        with anyio.CancelScope() as caller:
+            tg.start_soon(_cancel_when, started, caller)
+            await execute(backend, plan(), tg)
+    assert caller.cancelled_caught
+    assert backend.live == 0
+    status = backend.launched[0].status
+    assert status is not None and status.signal == signal.SIGTERM
+
+
 async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()

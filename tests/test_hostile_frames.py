@@ -91,7 +91,9 @@ async def test_forged_frame_is_a_protocol_error_and_the_host_stays_healthy(
     # Cold executions: prepared children would hold descriptors of their own.
     async with Sandbox(config(wall_seconds=30.0, warm=0)) as sandbox:
         await sandbox.run("1", profile=PROFILE)  # warm-up, so descriptors are comparable
-        fds = open_fds()
+    # Taken once that Sandbox has closed: a result may come back before its teardown.
+    fds = open_fds()
+    async with Sandbox(config(wall_seconds=30.0, warm=0)) as sandbox:
         result = await sandbox.run(source, profile=PROFILE)
         error = result.error
         assert error is not None, f"forged frame accepted; returned {result.return_value!r}"
@@ -100,7 +102,7 @@ async def test_forged_frame_is_a_protocol_error_and_the_host_stays_healthy(
         assert result.return_value is None
         healthy = await sandbox.run("print('fine')\n21 * 2", profile=PROFILE)
         assert healthy.error is None and healthy.return_value == 42
-        assert open_fds() == fds
+    assert open_fds() == fds
     assert list(private_tmp.iterdir()) == []
 
 

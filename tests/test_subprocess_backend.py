@@ -445,8 +445,40 @@ def test_the_bootstrap_reaches_the_child_precompiled() -> None:
     # Compiling the bootstrap at every start costs milliseconds per execution; one grown past
     # what a command-line argument may hold would silently go back to that.
     from psych_sandbox_core.backends.subprocess import SubprocessBackend, SubprocessOptions
-    from psych_sandbox_core.bootstrap_loader import _STUB, bootstrap_arguments
+    from psych_sandbox_core.bootstrap_loader import _FILE_STUB, _STUB, bootstrap_arguments
     from psych_sandbox_core.host import bootstrap_source
 
     interpreter = SubprocessBackend(SubprocessOptions()).interpreter
     assert bootstrap_arguments(interpreter, bootstrap_source())[:2] == ["-c", _STUB]
+    # Where the child is given descriptors, in a memory file: a long argument costs the
+    # child's start-up milliseconds of decoding.
+    passed: list[int] = []
+    arguments = bootstrap_arguments(interpreter, bootstrap_source(), passed)
+    try:
+        assert arguments[:3] == ["-c", _FILE_STUB, str(passed[0])]
+        assert os.readlink(f"/proc/self/fd/{passed[0]}").startswith("/memfd:")
+    finally:
+        for fd in passed:
+            os.close(fd)
+
+
+async def test_a_child_starts_with_no_ctypes_and_no_descriptor_of_its_compiled_bootstrap() -> None:
+    # From the second start on, the compiled bootstrap comes in a memory file, which the
+    # child closes before its program exists; containing itself imports no ctypes package.
+    program = src(
+        """
+        import os, sys
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass  # the listing's own descriptor, closed by now
+        ["ctypes" in sys.modules, [link for link in links if "memfd:" in link]]
+        """
+    )
+    async with Sandbox(config()) as sandbox:
+        first = await sandbox.run(program, profile=PROFILE)
+        second = await sandbox.run(program, profile=PROFILE)
+    assert first.error is None and second.error is None, (first.error, second.error)
+    assert first.return_value == second.return_value == [False, []]

@@ -159,10 +159,14 @@ class SubprocessBackend(
             if self.namespaces & CLONE_NEWPID
             else (None, None)
         )
+        # The compiled bootstrap's memory file, if it comes in one (closed once spawned).
+        code_fds: list[int] = []
         try:
             cgroup = await self.execution_cgroup()
             join_fds = cgroup.join_fds if cgroup is not None else []
-            argv = bootstrap_argv(self.interpreter, request, channel.child_spec)
+            argv = bootstrap_argv(
+                self.interpreter, request, channel.child_spec, passed_fds=code_fds
+            )
             if self.contain:
                 uid, gid = identity if identity is not None else ("", "")
                 argv.append(f"contain={self.namespaces}:{uid}:{gid}:{os.getpid()}")
@@ -180,6 +184,7 @@ class SubprocessBackend(
                     pass_fds=[
                         *channel.inherited_fds,
                         *join_fds,
+                        *code_fds,
                         *([] if report_child is None else [report_child.fileno()]),
                     ],
                     # No pre-exec step: the bootstrap contains itself first (see its
@@ -194,6 +199,9 @@ class SubprocessBackend(
                     cgroup.close_join_fds()
                 if report_child is not None:
                     report_child.close()
+                for fd in code_fds:
+                    os.close(fd)
+                code_fds.clear()
             channel.after_spawn()
             if report is not None:
                 # Before the handshake, so before any program can exist: what the host holds
@@ -220,6 +228,8 @@ class SubprocessBackend(
         finally:
             # Shielded: a cancelled run must still reap, close and remove its workspace.
             with anyio.CancelScope(shield=True):
+                for fd in code_fds:  # not spawned: still the host's
+                    os.close(fd)
                 if process is not None:
                     await _kill(process, namespace)
                     await process.aclose()

@@ -301,8 +301,9 @@ class BackendConformance:
     #: shell form then exits 127, as a shell says "not found").
     has_shell: ClassVar[bool] = True
 
-    #: Whether a warm execution's result is handed back before its child's teardown on
-    #: this host (the launch sets ``early_result_ok``; see docs/architecture.md).
+    #: Whether an execution's result, a prepared child's and a fresh one's alike, is handed
+    #: back before its child's teardown on this host (the launch sets ``early_result_ok``;
+    #: see docs/architecture.md).
     early_result: ClassVar[bool] = False
 
     profile: ClassVar[str] = "conformance"
@@ -630,7 +631,8 @@ class BackendConformance:
 
     @pytest.mark.anyio
     async def test_a_prepared_child_gives_what_a_fresh_one_gives(self) -> None:
-        cold = await self.run(WARM_PROGRAM)
+        with recording() as cold_reached:
+            cold = await self.run(WARM_PROGRAM)
         async with self.sandbox(warm=1) as sandbox:
             # The child is prepared in a task started from here: its points are recorded
             # too, its teardown's included (finished once the sandbox is closed).
@@ -649,6 +651,9 @@ class BackendConformance:
         assert early is self.early_result, points
         if early:
             assert points.index("result handed back") < points.index("reaped"), points
+        # A fresh child's result comes back early exactly where a prepared one's does.
+        cold_points = [point for point, _ in cold_reached]
+        assert ("result handed back" in cold_points) is self.early_result, cold_points
 
     @pytest.mark.anyio
     async def test_a_prepared_child_leaves_nothing_once_the_sandbox_closes(self) -> None:
@@ -1230,28 +1235,31 @@ class BackendConformance:
                     planted = await sandbox.run(
                         planting_program(mark, target, target_dir), profile=self.profile
                     )
-                    assert planted.error is None, planted.error
-                    done = json.loads(planted.return_value)
-                    # Planted in the execution's own IPC namespace and temporary directory...
-                    assert all(done[kind] for kind in ("shm", "msg", "sem", "/tmp")), done
-                    # ...and none of it is on the host once the execution is over (keys are
-                    # collected by the kernel in the background).
-                    assert host_leftovers(mark, uid) in ([], ["keys"])
-                    # This process is a child subreaper during the test (see the fixture): an
-                    # orphan a backend leaves to the system's init (bwrap's namespace init) is
-                    # this process's to reap, and until then its zombie holds the uid's keys.
-                    me = os.getpid()
-                    reap_children(
-                        {
-                            p.pid
-                            for p in host_processes().values()
-                            if p.ppid == me and not p.alive and uid in p.uids
-                        }
-                    )
-                    with anyio.move_on_after(10):
-                        while has_keys(uid):
-                            await anyio.sleep(0.05)
-                    assert not has_keys(uid)
+                # The Sandbox closed: its execution is over, its teardown included (a result
+                # may come back before its teardown has finished).
+                assert planted.error is None, planted.error
+                done = json.loads(planted.return_value)
+                # Planted in the execution's own IPC namespace and temporary directory...
+                assert all(done[kind] for kind in ("shm", "msg", "sem", "/tmp")), done
+                # ...and none of it is on the host once the execution is over (keys are
+                # collected by the kernel in the background).
+                assert host_leftovers(mark, uid) in ([], ["keys"])
+                # This process is a child subreaper during the test (see the fixture): an
+                # orphan a backend leaves to the system's init (bwrap's namespace init) is
+                # this process's to reap, and until then its zombie holds the uid's keys.
+                me = os.getpid()
+                reap_children(
+                    {
+                        p.pid
+                        for p in host_processes().values()
+                        if p.ppid == me and not p.alive and uid in p.uids
+                    }
+                )
+                with anyio.move_on_after(10):
+                    while has_keys(uid):
+                        await anyio.sleep(0.05)
+                assert not has_keys(uid)
+                async with self.sandbox(options=options) as sandbox:
                     found = await sandbox.run(finding_program(mark), profile=self.profile)
         assert found.error is None, found.error
         assert json.loads(found.return_value) == []

@@ -455,6 +455,7 @@ class HostBaseline:
                 uid = next((u for u in process.uids if u in self.uids), None)
                 if uid is not None and process.alive and self._new(process):
                     by_uid.setdefault(uid, []).append(process)
+            leased: list[list[HostProcess]] = []
             for uid, processes in by_uid.items():
                 # A uid another execution holds is that execution's business; one nobody
                 # holds has nothing to run. Leasing it also keeps it from being handed out
@@ -464,7 +465,16 @@ class HostBaseline:
                 except (IdentityExhausted, ConfigurationError, OSError):
                     continue
                 leases.append(lease)
-                left.update((p.pid, p) for p in processes)
+                leased.append(processes)
+            # Looked at again once leased: a process seen before the lease was taken may have
+            # ended since, with its execution (another one, running beside this test) giving
+            # the uid back just before the lease.
+            again = host_processes() if leased else {}
+            for processes in leased:
+                for p in processes:
+                    seen = again.get(p.pid)
+                    if seen is not None and seen.alive and seen.started == p.started:
+                        left[p.pid] = seen
         return sorted(left.values(), key=lambda p: p.pid), leases
 
     def check(self) -> str | None:

@@ -193,8 +193,14 @@ class BwrapBackend(
             self.id, memory_bytes=self.memory_cgroup_bytes(request), pids=pids
         )
 
-    def command(self, request: LaunchRequest, channel_spec: str, info_fd: int) -> list[str]:
-        """The bwrap command line for one execution."""
+    def command(
+        self,
+        request: LaunchRequest,
+        channel_spec: str,
+        info_fd: int,
+        passed_fds: list[int] | None = None,
+    ) -> list[str]:
+        """The bwrap command line for one execution (``passed_fds``: as bootstrap_argv's)."""
         assert self.bwrap is not None
         s = self.options
         argv = [
@@ -251,7 +257,7 @@ class BwrapBackend(
             "--",
         ]
         # The same binary runs inside, bound read-only: precompiling for it is valid.
-        return argv + bootstrap_argv(self.interpreter, request, channel_spec)
+        return argv + bootstrap_argv(self.interpreter, request, channel_spec, passed_fds=passed_fds)
 
     @asynccontextmanager
     async def launch_as(
@@ -264,17 +270,19 @@ class BwrapBackend(
         process: ManagedProcess | None = None
         launched: _Launched | None = None
         cgroup: ExecutionCgroup | None = None
+        # The compiled bootstrap's memory file, if it comes in one (closed once spawned).
+        code_fds: list[int] = []
         try:
             cgroup = await self.execution_cgroup(request)
             os.set_blocking(info_read, False)
-            argv = self.command(request, channel.child_spec, info_write)
+            argv = self.command(request, channel.child_spec, info_write, code_fds)
             prefix = _spawn_prefix(identity.ids, cgroup)
             try:
                 process = await ManagedProcess.spawn(
                     [*prefix, *argv] if prefix is not None else argv,
                     env={},
                     cwd="/",
-                    pass_fds=(*channel.inherited_fds, info_write),
+                    pass_fds=(*channel.inherited_fds, info_write, *code_fds),
                     preexec_fn=_prepare(identity.ids, cgroup) if prefix is None else None,
                 )
             except (OSError, subprocess.SubprocessError) as exc:
@@ -283,6 +291,9 @@ class BwrapBackend(
                 os.close(info_write)
                 if cgroup is not None:
                     cgroup.close_join_fds()
+                for fd in code_fds:
+                    os.close(fd)
+                code_fds.clear()
             channel.after_spawn()
             launched = _Launched(
                 process, channel, self.mechanisms(cgroup), cgroup,
@@ -292,6 +303,8 @@ class BwrapBackend(
             yield launched
         finally:
             with anyio.CancelScope(shield=True):
+                for fd in code_fds:  # not spawned: still the host's
+                    os.close(fd)
                 if launched is not None:
                     await launched.finish()
                 if process is not None:
