@@ -11,6 +11,7 @@ What happens between host and child is the driver's (driver.py) and the conversa
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -55,6 +56,10 @@ async def execute(
     waits for the teardown: its execution does not outlive it."""
     if task_group is None:
         return await _execute(backend, plan)
+    # The caller going away sets this: the execution then ends as a cancelled one does (the
+    # grace window, then the kill), and its caller returns once it is torn down.
+    cancel = plan.cancel if plan.cancel is not None else anyio.Event()
+    plan = dataclasses.replace(plan, cancel=cancel)
     scope = anyio.CancelScope()
     handed, finished = anyio.Event(), anyio.Event()
     outcome: list[ExecutionResult | Exception] = []
@@ -86,7 +91,7 @@ async def execute(
         await handed.wait()
     except BaseException:
         # The caller went away: the execution ends with it, torn down before it returns.
-        scope.cancel()
+        cancel.set()
         with anyio.CancelScope(shield=True):
             await finished.wait()
         raise
