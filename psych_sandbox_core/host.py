@@ -59,8 +59,11 @@ async def execute(
     try:
         await handed.done.wait()
     except BaseException:
-        # The caller went away: the execution must not outlive it.
+        # The caller went away: the execution must not outlive it, and the caller returns
+        # once it is torn down, as from a cold execution in its own task.
         cancel.set()
+        with anyio.CancelScope(shield=True):
+            await handed.finished.wait()
         raise
     return handed.result()
 
@@ -70,6 +73,8 @@ class _HandedBack:
 
     def __init__(self) -> None:
         self.done = anyio.Event()
+        #: Set once the execution is over, its teardown included.
+        self.finished = anyio.Event()
         self._result: ExecutionResult | None = None
         self._error: BaseException | None = None
 
@@ -99,6 +104,7 @@ async def _execute_in_background(
         finally:
             # Whatever ended it, the caller is never left waiting.
             handed.hand(None, RuntimeError("the execution ended without a result"))
+            handed.finished.set()
 
 
 async def _execute(
