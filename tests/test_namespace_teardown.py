@@ -492,10 +492,15 @@ async def test_a_namespace_not_seen_empty_is_graded_so(monkeypatch: pytest.Monke
 
     mark = marker()
     program = f"print({split(mark)})\nreturn 7"
-    async with Sandbox(config()) as sandbox:
+    # Not entered: its executions' results wait for their teardown (a result handed back
+    # before it cannot be withdrawn by what the teardown finds; see docs/architecture.md).
+    sandbox = Sandbox(config())
+    try:
         seen = await sandbox.run(program, profile=PROFILE)
         monkeypatch.setattr(subprocess_backend, "NAMESPACE_TEARDOWN_SECONDS", 0.0)
         unseen = await sandbox.run(program, profile=PROFILE)
+    finally:
+        await sandbox.aclose()
     assert seen.grades["process_tree"] == "enforced", seen.grades
     assert unseen.grades["process_tree"] == "unverified", unseen.grades
     assert unseen.level == "process" and unseen.error is None
