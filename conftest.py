@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 
 import pytest
+
+from psych_sandbox_core.temp_dirs import make_owned_directory
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_run_log() -> Iterator[None]:
     # Runs that span executions are counted in a durable log; a test session keeps its own,
     # so no test reads another session's counts (nor leaves any in the user's state dir).
-    directory = tempfile.mkdtemp(prefix="psych-test-runlog-")
+    # Named for this process (as the state directory below): a later session removes it
+    # should this one be killed before its clean-up runs.
+    directory = make_owned_directory("psych-test-runlog-")
     previous = os.environ.get("PSYCH_SANDBOX_RUN_LOG")
     os.environ["PSYCH_SANDBOX_RUN_LOG"] = os.path.join(directory, "run-log.sqlite")
     try:
@@ -24,16 +27,14 @@ def _private_run_log() -> Iterator[None]:
             os.environ.pop("PSYCH_SANDBOX_RUN_LOG", None)
         else:
             os.environ["PSYCH_SANDBOX_RUN_LOG"] = previous
-        for name in os.listdir(directory):
-            os.unlink(os.path.join(directory, name))
-        os.rmdir(directory)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_state_directory() -> Iterator[None]:
     # What the CLI remembers between runs (the default profile's backend) goes to a state
     # directory of this session's, not the user's, and goes with it.
-    directory = tempfile.mkdtemp(prefix="psych-test-state-")
+    directory = make_owned_directory("psych-test-state-")
     previous = os.environ.get("XDG_STATE_HOME")
     os.environ["XDG_STATE_HOME"] = directory
     try:
