@@ -74,14 +74,20 @@ def test_a_host_killed_at_each_point_is_reaped_by_the_next(
     }
     try:
         pids = {backend: hosts.wait_at_points() for backend, hosts in runs.items()}
+        for point, backend in POINTS.items():
+            # What the host made is there as it is killed (else the checks below could not
+            # fail). Counted before the kill: once it is dead, any host's first lease reaps
+            # its uid (a command run by another test at the same time, say), as it should.
+            # (in teardown its cgroup was already removed, as proof its tree is gone)
+            made = census.take(pids[backend][point])
+            assert all((made.temp_dirs, made.leases, made.cgroups or point == "teardown")), (
+                backend,
+                point,
+                made,
+            )
         for hosts in runs.values():
             hosts.kill()
         for point, backend in POINTS.items():
-            left = census.take(pids[backend][point])
-            # What the dead host made is there (else the checks below could not fail)...
-            # (in teardown its cgroup was already removed, as proof its tree is gone)
-            made = (left.temp_dirs, left.leases, left.cgroups or point == "teardown")
-            assert all(made), (backend, point, left)
             spent, dangling = anyio.run(_calls_in_run, logs[backend], faults.run_id(point))
             assert spent == faults.calls_spent(point), (backend, point)
             # The call in flight when the host died has no recorded end, and counts.
