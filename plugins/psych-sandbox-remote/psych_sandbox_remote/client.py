@@ -401,11 +401,15 @@ class RemoteExecution(Launched):
         if self._client is None or self.execution_id is None:
             return None
         try:
-            response = await self._client.post(
-                f"/v1/executions/{self.execution_id}/{path}",
-                content=body,
-                timeout=httpx.Timeout(timeout, connect=self.options.connect_seconds),
-            )
+            # Not cut short by a cancellation: a request abandoned mid-send leaves its body's
+            # iterator unclosed in httpx, and the service may act on it anyway. Its own
+            # timeouts bound it.
+            with anyio.CancelScope(shield=True):
+                response = await self._client.post(
+                    f"/v1/executions/{self.execution_id}/{path}",
+                    content=body,
+                    timeout=httpx.Timeout(timeout, connect=self.options.connect_seconds),
+                )
         except MissingCredential as exc:
             self._fail(ErrorKind.BACKEND_NOT_READY, str(exc))
             return None
