@@ -6,6 +6,7 @@ whether it is still live), never from what the script says about itself."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -291,20 +292,27 @@ async def test_a_prepared_child_that_dies_waiting_is_gone_and_serves_nothing() -
     assert backend.live == 0
 
 
-async def test_an_early_result_comes_before_the_teardown() -> None:
-    release = anyio.Event()
+def _returns_then_lingers(value: int, release: anyio.Event) -> Callable[[ScriptedChild], Any]:
+    """A child that prints, returns ``value`` with both end markers written, and stays alive
+    until ``release`` is set (its result is handed back meanwhile)."""
 
     async def script(child: ScriptedChild) -> None:
         await child.hello()
         run = await child.receive()
+        # Decided once the child was graded: a cold child gets its marker too.
         assert isinstance(run, RunFrame) and run.end_marker is not None
         marker = run.end_marker.encode()
         await child.stdout(b"out\n" + marker)
         await child.stderr(marker)
-        await child.returned(2)
-        await release.wait()  # still alive when its result is handed back
+        await child.returned(value)
+        await release.wait()
 
-    backend = FakeBackend(script, early_result_ok=True)
+    return script
+
+
+async def test_an_early_result_comes_before_the_teardown() -> None:
+    release = anyio.Event()
+    backend = FakeBackend(_returns_then_lingers(2, release), early_result_ok=True)
     async with anyio.create_task_group() as tg:
         child = await prepare(tg, backend, LIMITS)
         result = await child.serve(plan())
@@ -341,19 +349,7 @@ async def test_a_caller_that_goes_away_cancels_its_warm_execution() -> None:
 
 async def test_a_cold_result_comes_before_the_teardown_in_a_task_group() -> None:
     release = anyio.Event()
-
-    async def script(child: ScriptedChild) -> None:
-        await child.hello()
-        run = await child.receive()
-        # Decided once the child was graded: the cold child gets its marker too.
-        assert isinstance(run, RunFrame) and run.end_marker is not None
-        marker = run.end_marker.encode()
-        await child.stdout(b"out\n" + marker)
-        await child.stderr(marker)
-        await child.returned(3)
-        await release.wait()  # still alive when its result is handed back
-
-    backend = FakeBackend(script, early_result_ok=True)
+    backend = FakeBackend(_returns_then_lingers(3, release), early_result_ok=True)
     async with anyio.create_task_group() as tg:
         result = await execute(backend, plan(), tg)
         assert backend.launched[0].status is None  # not exited yet
