@@ -143,11 +143,10 @@ class ChildDriver:
             async def deliver() -> None:
                 self.account_connections()
                 collection = self._collection or self._channel_collection()
-                self._delivered = await conclude_ending(
+                result = await conclude_ending(
                     self._ending(plan, started, collection, launched.usage_so_far())
                 )
-                launched.handed_back()  # before the caller can go on (and lease again)
-                deliver_to(self._delivered)
+                self._hand_back(result, deliver_to)
 
             early = EarlyDelivery(marker, deliver)
         self._status = await self._supervise(plan, early)
@@ -164,9 +163,8 @@ class ChildDriver:
             self.account_connections()
             with anyio.CancelScope(shield=True):
                 result = await self.conclude(plan, started)
-            self._delivered = result
+            self._hand_back(result, on_early_result)
             mark("result handed back")
-            on_early_result(result)
 
     async def _supervise(self, plan: ExecutionPlan, early: EarlyDelivery | None) -> ExitStatus:
         launched = self._launched
@@ -185,7 +183,7 @@ class ChildDriver:
                 with anyio.move_on_after(wall_seconds) as wall:
                     self._wall = wall
                     if plan.cancel is not None:
-                        drains.start_soon(self._watch_cancel, plan.cancel, wall)
+                        drains.start_soon(self._watch_cancel, plan.cancel)
 
                     def program_given() -> None:
                         # The program's own wall clock starts as it is given to the child:
@@ -305,10 +303,16 @@ class ChildDriver:
         usage = self._launched.usage_so_far()
         return None if usage is None else usage[0]
 
-    async def _watch_cancel(self, event: anyio.Event, scope: anyio.CancelScope) -> None:
+    async def _watch_cancel(self, event: anyio.Event) -> None:
         await event.wait()
-        self.cancelled = True
-        scope.cancel()
+        self.cancel()
+
+    def _hand_back(self, result: ExecutionResult, to: Callable[[ExecutionResult], None]) -> None:
+        """Hand ``result`` back ahead of the teardown: the launch learns it first (a leased
+        identity is then on its way back), before the caller can go on and lease again."""
+        self._delivered = result
+        self._launched.handed_back()
+        to(result)
 
     def cancel(self) -> None:
         """End the execution as cancelled, as a set cancel event does (from the task of a

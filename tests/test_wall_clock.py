@@ -5,6 +5,7 @@ execution end, before the rest of its teardown."""
 from __future__ import annotations
 
 import os
+import random
 import select
 
 import anyio
@@ -13,6 +14,7 @@ import pytest
 from psych_sandbox_core import ErrorKind, Sandbox
 from psych_sandbox_core.phases import recording
 from psych_sandbox_core.testing.conformance import DAEMON
+from psych_sandbox_core.testing.leftovers import own_uid
 
 from .conftest import PROFILE, config, marker, pids_with, wait_for_pids
 
@@ -52,6 +54,19 @@ async def test_a_timeout_comes_back_with_every_process_dead_before_its_teardown(
     # Handed back once the tree was reaped and seen ended, the launch's teardown after it.
     assert points.index("reaped") < points.index("result handed back"), points
     assert points.index("result handed back") < points.index("identity retired"), points
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="uid leases are made only by a root host")
+async def test_a_timed_out_execution_hands_its_uid_on_to_the_next() -> None:
+    # A one-uid range: the next execution, started as soon as the timeout comes back (its
+    # teardown still running), waits for the uid rather than find the range exhausted.
+    with own_uid(1_960_000_000 + random.randrange(1_000_000)) as options:
+        limits = {"wall_seconds": 1.0, "grace_seconds": 0.2}
+        async with Sandbox(config(options=options, warm=0, **limits)) as sandbox:
+            timed_out = await sandbox.run("while True:\n    pass\n", profile=PROFILE)
+            following = await sandbox.run("2", profile=PROFILE)
+    assert timed_out.error is not None and timed_out.error.kind is ErrorKind.TIMEOUT
+    assert following.error is None and following.return_value == 2, following.error
 
 
 # The thread does not depend on the loop: once, on asyncio.
