@@ -2061,6 +2061,57 @@ def _arrived(sock, wait):
         sock.settimeout(None)
 
 
+def _as_site_would():
+    """What the site module does at start-up, for an interpreter the host started without it
+    (``-S``), less the code nobody asked for: the directories it adds to the path (the
+    site-packages, a virtual environment's and its prefixes, the directories ``.pth`` files
+    name), the builtins it installs (exit, quit, help, copyright, credits, license). Left out:
+    the ``import`` lines of ``.pth`` files and sitecustomize, code a start would otherwise run
+    in every child (a hook, a certificate injector), costing milliseconds before any program.
+    An interpreter whose site module is not as expected runs it whole."""
+    if not sys.flags.no_site:
+        return  # started with site (a backend that starts the bootstrap its own way)
+    import site  # with -S, importing it runs nothing
+
+    whole = site.addpackage, site.execsitecustomize, site.execusercustomize
+    try:
+        site.addpackage = _pth_paths_only
+        site.execsitecustomize = site.execusercustomize = _nothing
+        site.main()
+    except Exception:
+        site.addpackage, site.execsitecustomize, site.execusercustomize = whole
+        site.main()
+    finally:
+        site.addpackage, site.execsitecustomize, site.execusercustomize = whole
+
+
+def _nothing():
+    pass
+
+
+def _pth_paths_only(sitedir, name, known_paths):
+    """site.addpackage without its code lines: the directories a ``.pth`` file names that
+    exist are added to the path, the lines that start with ``import`` are not run."""
+    import site
+
+    reset = known_paths is None
+    if reset:
+        known_paths = site._init_pathinfo()  # type: ignore[attr-defined]
+    try:
+        with open(os.path.join(sitedir, name), encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None if reset else known_paths
+    for line in lines:
+        if not line.strip() or line.startswith(("#", "import ", "import\t")):
+            continue
+        directory, case = site.makepath(sitedir, line.rstrip())
+        if case not in known_paths and os.path.exists(directory):
+            sys.path.append(directory)
+            known_paths.add(case)
+    return None if reset else known_paths
+
+
 def main(argv):
     options = {}
     for item in argv:
@@ -2083,6 +2134,7 @@ def main(argv):
         libc = _load_libc()
         _pid_namespace_init(libc, int(init_report) if init_report else None)
         _become_program(libc, None)
+    _as_site_would()
     channel = Channel(options["channel"])
     channel.send(
         {"type": "hello", "protocol": PROTOCOL_VERSION, "report": probe(probe_config)}

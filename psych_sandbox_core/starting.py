@@ -34,7 +34,8 @@ def bootstrap_argv(
     precompiled: bool = True,
     passed_fds: list[int] | None = None,
 ) -> list[str]:
-    """The child's command line: ``interpreter`` in isolated, unbuffered mode running the
+    """The child's command line: ``interpreter`` in isolated, unbuffered mode, without the
+    site module (the bootstrap does its part: see its _as_site_would), running the
     bootstrap, then the channel and probe arguments. ``precompiled`` when the host can run
     that very interpreter (the bootstrap is then compiled once for it); False when it cannot
     (an image's). ``passed_fds``: the descriptors the child is given, to which the compiled
@@ -44,6 +45,7 @@ def bootstrap_argv(
     return [
         interpreter,
         "-I",
+        "-S",
         "-u",
         *request.bootstrap_command(interpreter if precompiled else None, passed_fds),
         f"channel={channel_spec}",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from psych_sandbox_core.testing.environments import (
     base_interpreter,
     chart_bytes,
     copy_distributions,
+    readable_by_all,
     site_packages,
     tree_state,
     virtual_environment,
@@ -111,6 +114,57 @@ async def test_isolated_mode_holds_inside_the_environment(
     assert prefix == str(tiny_environment)
     assert str(site_packages(tiny_environment)) in path
     assert not any("dist-packages" in entry for entry in path), path
+
+
+async def test_the_child_adds_what_site_adds_and_runs_no_pth_code(tiny_environment: Path) -> None:
+    # The child starts without the site module and does its part itself: the path, the
+    # prefixes and the builtins are what the environment's own python gets from site; a .pth
+    # file's directories are added, its import lines are not run.
+    packages = site_packages(tiny_environment)
+    extra = packages / "extra-directory"
+    pth = packages / "extra.pth"
+    extra.mkdir()
+    (extra / "extra_module.py").write_text("NAME = 'extra'\n")
+    pth.write_text("# a comment\nextra-directory\nimport sys; sys.pth_code_ran = True\n")
+    readable_by_all(extra)
+    pth.chmod(0o644)
+    query = "import json, sys\nprint(json.dumps([sys.path, sys.prefix, sys.exec_prefix]))"
+    try:
+        bare = subprocess.run(
+            [str(tiny_environment / "bin" / "python3"), "-I", "-c", query],
+            capture_output=True,
+            check=True,
+            env={},
+        )
+        async with Sandbox(in_environment(tiny_environment)) as sandbox:
+            results = [
+                await sandbox.run(
+                    "import extra_module, site, sys\n"
+                    "[sys.path, sys.prefix, sys.exec_prefix, hasattr(sys, 'pth_code_ran'),"
+                    " extra_module.NAME, site.ENABLE_USER_SITE,"
+                    " [type(getattr(__builtins__, name, None)).__name__"
+                    "  for name in ('exit', 'quit', 'help', 'license')]]",
+                    profile=PROFILE,
+                )
+                # The first start in a process and the later, precompiled ones alike.
+                for _ in range(2)
+            ]
+    finally:
+        pth.unlink()
+        shutil.rmtree(extra)
+    path, prefix, exec_prefix = json.loads(bare.stdout)
+    assert str(extra) in path  # the bare interpreter, with site, adds it too
+    for result in results:
+        assert result.error is None, result.error
+        assert result.return_value == [
+            path,
+            prefix,
+            exec_prefix,
+            False,
+            "extra",
+            False,
+            ["Quitter", "Quitter", "_Helper", "_Printer"],
+        ]
 
 
 @needs_root
