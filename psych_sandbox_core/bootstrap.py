@@ -2067,26 +2067,40 @@ def _as_site_would():
     site-packages, a virtual environment's and its prefixes, the directories ``.pth`` files
     name), the builtins it installs (exit, quit, help, copyright, credits, license). Left out:
     the ``import`` lines of ``.pth`` files and sitecustomize, code a start would otherwise run
-    in every child (a hook, a certificate injector), costing milliseconds before any program.
-    An interpreter whose site module is not as expected runs it whole."""
+    in every child (a hook, a certificate injector), costing milliseconds before any program;
+    and the user's site directory, which isolated mode never adds, is not looked up (site
+    asks the password database for it, about a millisecond). An interpreter whose site module
+    is not as expected runs it whole."""
     if not sys.flags.no_site:
         return  # started with site (a backend that starts the bootstrap its own way)
     import site  # with -S, importing it runs nothing
 
-    whole = site.addpackage, site.execsitecustomize, site.execusercustomize
+    kept = {
+        name: getattr(site, name)
+        for name in ("addpackage", "addusersitepackages", "execsitecustomize", "execusercustomize")
+    }
     try:
         site.addpackage = _pth_paths_only
         site.execsitecustomize = site.execusercustomize = _nothing
+        if sys.flags.no_user_site:
+            site.ENABLE_USER_SITE = False
+            site.addusersitepackages = _no_user_site
         site.main()
     except Exception:
-        site.addpackage, site.execsitecustomize, site.execusercustomize = whole
+        for name, value in kept.items():
+            setattr(site, name, value)
         site.main()
     finally:
-        site.addpackage, site.execsitecustomize, site.execusercustomize = whole
+        for name, value in kept.items():
+            setattr(site, name, value)
 
 
 def _nothing():
     pass
+
+
+def _no_user_site(known_paths):
+    return known_paths
 
 
 def _pth_paths_only(sitedir, name, known_paths):
