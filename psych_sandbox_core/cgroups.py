@@ -12,6 +12,13 @@ then removes the cgroup. Used by the subprocess backend and the bwrap plugin.
 Each execution's cgroup is created under the host process's own cgroup in each hierarchy, so
 limits the host itself is under still apply to the sandbox.
 
+Where the cpu controller is there too, each execution's cgroup gets a small share of the CPU
+against the host (an eighth of the default weight): the host supervises every execution (the
+wall clock that ends a timed-out one, teardown, every conversation), and on a machine busy
+with programs it must not wait behind them. A program cannot leave its cgroup, so cannot
+take the weight back; an idle machine gives it all the CPU it asks for either way. Without a
+cpu controller the weight is not set (nothing else depends on it).
+
 Supported: cgroup v1 with the cpuacct, memory and pids controllers mounted, or cgroup v2
 whose controllers memory and pids are (or can be) enabled for children of the host's cgroup.
 Only a root host creates cgroups; elsewhere :func:`detect` says why not and usage stays
@@ -43,6 +50,10 @@ PREFIX = "psych-sandbox-"
 #: v1 controllers each execution needs: CPU time, memory (peak and cap), process count.
 V1_CONTROLLERS = ("cpuacct", "memory", "pids")
 V2_CONTROLLERS = ("memory", "pids")
+#: The execution's CPU weight where the cpu controller is there: an eighth of the default
+#: (cgroup v1 cpu.shares 1024, v2 cpu.weight 100), so the host comes first under contention.
+V1_CPU_SHARES = 128
+V2_CPU_WEIGHT = 12
 #: After the namespace is empty, how long to keep killing anything still in the cgroup.
 DRAIN_SECONDS = 5.0
 #: How often to look again while draining: cgroup v1 has no event for "now empty".
@@ -58,6 +69,8 @@ class CgroupHost:
     parents: dict[str, Path]
     #: v1: whether memory+swap can be capped too (swap accounting enabled).
     memsw: bool = False
+    #: Whether an execution's CPU weight can be set (the cpu controller is there).
+    cpu: bool = False
 
     def create(self, backend: str) -> ExecutionCgroup:
         """A fresh, empty cgroup for one execution of ``backend`` (OSError if the kernel
@@ -109,6 +122,20 @@ class ExecutionCgroup:
             directory = self.dirs["pids"] if self.host.version == 1 else self.dirs["unified"]
             _write(directory / "pids.max", str(pids))
             self.pids_limited = True
+
+    def weigh(self) -> bool:
+        """Give the execution its CPU weight against the host (see the module's docstring);
+        False where it could not be set, which nothing depends on."""
+        if not self.host.cpu:
+            return False
+        try:
+            if self.host.version == 1:
+                _write(self.dirs["cpu"] / "cpu.shares", str(V1_CPU_SHARES))
+            else:
+                _write(self.dirs["unified"] / "cpu.weight", str(V2_CPU_WEIGHT))
+        except (OSError, KeyError):
+            return False
+        return True
 
     def open_for_joining(self) -> None:
         """Open the files that move a process in now, so the forked child only writes.
@@ -320,7 +347,12 @@ def _detect_v1(mounts: list[Hierarchy], own: dict[str, str]) -> CgroupHost | str
             return f"this process's cgroup v1 {controller} directory is not writable"
         parents[controller] = parent
     memsw = (parents["memory"] / "memory.memsw.limit_in_bytes").exists()
-    return CgroupHost(1, parents, memsw=memsw)
+    # The cpu controller only weighs the execution against the host: used where it is there.
+    cpu = next((m for m in mounts if m.fstype == "cgroup" and "cpu" in m.options), None)
+    parent = None if cpu is None or "cpu" not in own else _inside(cpu, own["cpu"])
+    if parent is not None and os.access(parent, os.W_OK):
+        parents["cpu"] = parent
+    return CgroupHost(1, parents, memsw=memsw, cpu="cpu" in parents)
 
 
 def _detect_v2(mounts: list[Hierarchy], own: dict[str, str]) -> CgroupHost | str:
@@ -349,7 +381,21 @@ def _detect_v2(mounts: list[Hierarchy], own: dict[str, str]) -> CgroupHost | str
                 f"cannot enable the cgroup v2 controllers {', '.join(wanted)} for children of "
                 f"this process's cgroup: {exc}"
             )
-    return CgroupHost(2, {"unified": parent})
+    return CgroupHost(2, {"unified": parent}, cpu=_enable_cpu(parent, available, enabled))
+
+
+def _enable_cpu(parent: Path, available: set[str], enabled: set[str]) -> bool:
+    """Whether children of ``parent`` can be given a CPU weight (the cpu controller enabled
+    for them, here if need be)."""
+    if "cpu" in enabled:
+        return True
+    if "cpu" not in available:
+        return False
+    try:
+        _write(parent / "cgroup.subtree_control", "+cpu")
+    except OSError:
+        return False
+    return True
 
 
 @lru_cache(maxsize=1)
@@ -388,6 +434,7 @@ async def prepared(
         return None
     try:
         cgroup.limit(memory_bytes, pids)
+        cgroup.weigh()
         cgroup.open_for_joining()
     except OSError:
         await cgroup.remove()

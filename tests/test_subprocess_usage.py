@@ -140,6 +140,54 @@ async def test_children_reaped_by_the_kernel_are_still_counted() -> None:
     assert result.usage.peak_memory_bytes is not None and result.usage.peak_memory_bytes > 0
 
 
+#: A program reads its own cgroup's CPU weight through the host, tries to raise it, and reads
+#: it again: both reads are the host's.
+RAISE_WEIGHT = """
+path = await weight_file()
+try:
+    with open(path, "w") as file:
+        file.write("1024" if path.endswith("shares") else "100")
+    attempt = "written"
+except OSError as exc:
+    attempt = type(exc).__name__
+[await weight_now(), attempt, await weight_now()]
+"""
+
+
+@needs_cgroups
+async def test_a_program_runs_at_a_small_cpu_weight_it_cannot_raise() -> None:
+    # The host comes first under contention (its wall clock ends timed-out programs on
+    # time on a busy machine); the weight is set in a cgroup the program cannot change.
+    assert isinstance(HOST, cgroups.CgroupHost)
+    if not HOST.cpu:
+        pytest.skip("no cpu controller here to weigh executions with")
+    weight = "cpu.shares" if HOST.version == 1 else "cpu.weight"
+    expected = str(cgroups.V1_CPU_SHARES if HOST.version == 1 else cgroups.V2_CPU_WEIGHT)
+    found: list[Path] = []
+
+    def weight_file() -> str:
+        # The one cgroup of this process's with the weight file and a process in it.
+        (directory,) = [
+            d for d in our_cgroups() if (d / weight).exists() and (d / "cgroup.procs").read_text()
+        ]
+        found.append(directory)
+        return str(directory / weight)
+
+    def weight_now() -> str:
+        return (found[0] / weight).read_text().strip()
+
+    async with Sandbox(deployment()) as sandbox:
+        result = await sandbox.run(
+            RAISE_WEIGHT,
+            profile=PROFILE,
+            bindings=FunctionBindings({"weight_file": weight_file, "weight_now": weight_now}),
+        )
+    assert result.error is None, result.error
+    before, attempt, after = result.return_value
+    assert before == after == expected
+    assert attempt != "written"
+
+
 async def test_without_a_cgroup_usage_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cgroups, "detect", lambda: "no cgroups (made so by the test)")
     async with Sandbox(deployment()) as sandbox:
