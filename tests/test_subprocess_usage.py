@@ -188,6 +188,40 @@ async def test_a_program_runs_at_a_small_cpu_weight_it_cannot_raise() -> None:
     assert attempt != "written"
 
 
+async def test_without_a_cgroup_the_programs_session_yields_to_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No cgroup to weigh it with (a host that is not root): the execution's session gets a
+    # lower CPU weight through its autogroup, read from the host while the program runs.
+    if not os.path.exists("/proc/self/autogroup"):
+        pytest.skip("this kernel has no autogroups")
+    monkeypatch.setattr(cgroups, "detect", lambda: "no cgroups (made so by the test)")
+    mark = marker()
+    seen: list[str] = []
+
+    def measure() -> None:
+        (pid,) = pids_with(mark)
+        with open(f"/proc/{pid}/autogroup") as file:
+            seen.append(file.read().split()[-1])
+
+    program = (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen(\n"
+        f"    [sys.executable, '-c', 'import sys; sys.stdin.read()', {mark!r}],\n"
+        "    stdin=subprocess.PIPE,\n"
+        ")\n"
+        "await measure()\n"
+        "child.stdin.close()\n"
+        "child.wait()\n"
+    )
+    async with Sandbox(deployment()) as sandbox:
+        result = await sandbox.run(
+            program, profile=PROFILE, bindings=FunctionBindings({"measure": measure})
+        )
+    assert result.error is None, result.error
+    assert seen == ["10"]
+
+
 async def test_without_a_cgroup_usage_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cgroups, "detect", lambda: "no cgroups (made so by the test)")
     async with Sandbox(deployment()) as sandbox:
