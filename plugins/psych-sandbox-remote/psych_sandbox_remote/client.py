@@ -238,7 +238,6 @@ class RemoteExecution(Launched):
         self._client: httpx.AsyncClient | None = None
         self._send_lock = anyio.Lock()
         self._status: ExitStatus | None = None
-        self._reader_scope: anyio.CancelScope | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -250,25 +249,29 @@ class RemoteExecution(Launched):
     async def running(self) -> AsyncIterator[RemoteExecution]:
         async with http_client(self.endpoint, self.options) as client:
             self._client = client
+            # Shielded: the core's own cancellation must not cut the relay while it tears
+            # the execution down; only leaving ``running`` cancels it. So nothing between
+            # the reader's start and the ``finally`` below may wait: a cancellation there
+            # (the Sandbox closing while a child is being prepared) would leave the reader
+            # relaying an execution nobody finishes, until the service's overdue deadline.
+            reader = anyio.CancelScope(shield=True)
             async with anyio.create_task_group() as tg:
-                await tg.start(self._read)
+                tg.start_soon(self._read, reader)
                 try:
                     yield self
                 finally:
                     with anyio.CancelScope(shield=True):
-                        # A run the core did not finish (it failed before) is finished here.
+                        # A run the core did not finish (it failed or left before) is
+                        # finished here, also one the service had yet to report started.
+                        with anyio.move_on_after(self.options.stall_seconds):
+                            await self.started.wait()
                         await self.finish()
                         with anyio.move_on_after(self.options.stall_seconds):
                             await self.ended.wait()
-                        if self._reader_scope is not None:
-                            self._reader_scope.cancel()
+                        reader.cancel()
 
-    async def _read(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        # Shielded: the core's own cancellation must not cut the relay while it tears the
-        # execution down; leaving ``running`` cancels this scope.
-        with anyio.CancelScope(shield=True) as scope:
-            self._reader_scope = scope
-            task_status.started()
+    async def _read(self, scope: anyio.CancelScope) -> None:
+        with scope:
             try:
                 await self._stream()
             except StreamCeilingSpent as exc:

@@ -544,14 +544,16 @@ class Service:
                     async for event in events:
                         await send({"type": "http.response.body", "body": event, "more_body": True})
                 tg.cancel_scope.cancel()
-            with anyio.CancelScope(shield=True):
-                try:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                except OSError:
-                    pass
         finally:
+            # The child is torn down: its slot is free before the stream's end says so, so
+            # a client that read to the end finds the slot free.
             self._executions.pop(execution.id, None)
             self.load.in_flight -= 1
+        with anyio.CancelScope(shield=True):
+            try:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except OSError:
+                pass
 
     async def _control(self, tenant: Tenant, path: str, receive: Receive, send: Send) -> None:
         parts = path.split("/")

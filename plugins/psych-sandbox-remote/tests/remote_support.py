@@ -50,6 +50,8 @@ class Served:
     url: str
     stdout: Path
     stderr: Path
+    #: Its own temporary directory (its TMPDIR).
+    tmpdir: Path
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -103,8 +105,9 @@ def serving(
     }
     env.pop(TOKEN_ENV, None)
     # Its own temporary directory: what a killed service leaves is found there.
-    env["TMPDIR"] = str(tmp / f"{name}-tmp")
-    os.makedirs(env["TMPDIR"], mode=0o755, exist_ok=True)
+    tmpdir = tmp / f"{name}-tmp"
+    env["TMPDIR"] = str(tmpdir)
+    os.makedirs(tmpdir, mode=0o755, exist_ok=True)
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         process = subprocess.Popen(
             [
@@ -123,7 +126,7 @@ def serving(
             stderr=err,
             env=env,
         )
-    served = Served(process, "", stdout, stderr)
+    served = Served(process, "", stdout, stderr, tmpdir)
     try:
         served.url = _wait_listening(served)
         yield served
@@ -153,6 +156,7 @@ def client_config(
     *,
     token_env: str | None = TOKEN_ENV,
     options: dict[str, Any] | None = None,
+    warm: int | None = None,
     **limits: Any,
 ) -> DeploymentConfig:
     return DeploymentConfig(
@@ -161,6 +165,7 @@ def client_config(
                 backend="remote",
                 options={"url": urls, "token_env": token_env, **(options or {})},
                 limits=ExecutionLimits(**{**FAST_LIMITS, **limits}),
+                warm=warm,
             )
         }
     )

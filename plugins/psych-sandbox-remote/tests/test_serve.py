@@ -353,3 +353,33 @@ async def test_a_client_that_never_finishes_is_ended_by_the_service(served: Serv
             await metrics(client)
             and (await metrics(client))["psych_sandbox_executions_in_flight"] == 0
         )
+
+
+async def test_closing_a_sandbox_that_prepares_a_child_leaves_nothing_on_the_service(
+    tmp_path: Path,
+) -> None:
+    from psych_sandbox_core import Sandbox
+    from psych_sandbox_core.testing import census
+
+    # A service that would wait this long for a child's channel, and so end a child nobody
+    # finished only after it plus the wall clock: a close that left the child being prepared
+    # to that deadline hangs (past the test's timeout) instead of merely being slow.
+    with serving(tmp_path, {"alice": ALICE}, serve_table="handshake_seconds = 600.0\n") as service:
+        async with Sandbox(client_config(service.url, warm=1)) as sandbox:
+            await sandbox.warmed(PROFILE)
+            result = await sandbox.run("6 * 7", profile=PROFILE)
+            # Closed at once: the child that replaces the one just served is on its way.
+        async with httpx.AsyncClient(base_url=service.url) as client:
+            load = await metrics(client)
+        pid = service.process.pid
+        # Judged from the service's side, as the close returned: both children reached it,
+        # and nothing of either is left there.
+        assert result.error is None, result.error
+        assert result.return_value == 42
+        assert load["psych_sandbox_executions_started_total"] == 2, (
+            "the replacement never reached the service: the close did not meet it on its way"
+        )
+        assert load["psych_sandbox_executions_in_flight"] == 0
+        assert census.processes_of(pid) == []
+        assert census.lease_files(pid) == {}
+        assert sorted(os.listdir(service.tmpdir)) == []
