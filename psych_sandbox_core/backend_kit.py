@@ -12,7 +12,8 @@ What is here:
   strict settings), :class:`LaunchRequest` (one execution's bootstrap, probe targets, limits
   and environment), :class:`Launched` (what ``launch`` yields), :class:`BackendUnavailable`,
   :class:`Mechanisms` and :class:`Level`, :class:`ExitStatus`, the errors a backend raises;
-* starting the child: :func:`bootstrap_argv` (its command line), :func:`child_environment`
+* starting the child: :func:`bootstrap_argv` (its command line, and :class:`PassedFds`, the
+  descriptors it may add for the child), :func:`child_environment`
   (its allow-listed environment), the channel listeners by transport, :func:`wait_started`
   (the bootstrap reaching the channel raced against the launcher ending) and
   :func:`read_some` (a failed launcher's words);
@@ -107,7 +108,7 @@ from .protocol import (
 )
 from .protocol.framing import HANDSHAKE_CEILINGS
 from .protocol.limits import MAX_HELLO_FRAME_BYTES, MAX_HOST_FRAME_BYTES
-from .starting import HANDSHAKE_SECONDS, bootstrap_argv, read_some, wait_started
+from .starting import HANDSHAKE_SECONDS, PassedFds, bootstrap_argv, read_some, wait_started
 from .temp_dirs import (
     host_alive,
     make_owned_directory,
@@ -164,6 +165,7 @@ __all__ = [
     "LoopbackTokenChannel",
     "ManagedProcess",
     "Mechanisms",
+    "PassedFds",
     "ProbeHarness",
     "ProbeTargets",
     "ProcessLaunched",

@@ -10,6 +10,7 @@ the backend kit.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -24,6 +25,17 @@ HANDSHAKE_SECONDS = 30.0
 
 #: How long a failed start's stderr is read for, at most, to quote it.
 STDERR_READ_SECONDS = 1.0
+
+
+class PassedFds(list[int]):
+    """Descriptors the host opened for one child to be given at spawn (the compiled
+    bootstrap's memory file: see bootstrap_argv). They are the host's own until then: close
+    them once the child is spawned, and in teardown in case it never was (idempotent)."""
+
+    def close(self) -> None:
+        for fd in self:
+            os.close(fd)
+        self.clear()
 
 
 def bootstrap_argv(

@@ -50,6 +50,7 @@ from ..backend_kit import (
     Level,
     ManagedProcess,
     Mechanisms,
+    PassedFds,
     ProcessLaunched,
     bootstrap_argv,
     child_environment,
@@ -160,7 +161,7 @@ class SubprocessBackend(
             else (None, None)
         )
         # The compiled bootstrap's memory file, if it comes in one (closed once spawned).
-        code_fds: list[int] = []
+        code_fds = PassedFds()
         try:
             cgroup = await self.execution_cgroup()
             join_fds = cgroup.join_fds if cgroup is not None else []
@@ -199,9 +200,7 @@ class SubprocessBackend(
                     cgroup.close_join_fds()
                 if report_child is not None:
                     report_child.close()
-                for fd in code_fds:
-                    os.close(fd)
-                code_fds.clear()
+                code_fds.close()
             channel.after_spawn()
             if report is not None:
                 # Before the handshake, so before any program can exist: what the host holds
@@ -228,8 +227,7 @@ class SubprocessBackend(
         finally:
             # Shielded: a cancelled run must still reap, close and remove its workspace.
             with anyio.CancelScope(shield=True):
-                for fd in code_fds:  # not spawned: still the host's
-                    os.close(fd)
+                code_fds.close()  # not spawned: still the host's
                 if process is not None:
                     await _kill(process, namespace)
                     await process.aclose()

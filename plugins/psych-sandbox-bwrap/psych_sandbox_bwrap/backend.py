@@ -54,6 +54,7 @@ from psych_sandbox_core.backend_kit import (
     Level,
     ManagedProcess,
     Mechanisms,
+    PassedFds,
     ProcessLaunched,
     bootstrap_argv,
     child_environment,
@@ -271,7 +272,7 @@ class BwrapBackend(
         launched: _Launched | None = None
         cgroup: ExecutionCgroup | None = None
         # The compiled bootstrap's memory file, if it comes in one (closed once spawned).
-        code_fds: list[int] = []
+        code_fds = PassedFds()
         try:
             cgroup = await self.execution_cgroup(request)
             os.set_blocking(info_read, False)
@@ -291,9 +292,7 @@ class BwrapBackend(
                 os.close(info_write)
                 if cgroup is not None:
                     cgroup.close_join_fds()
-                for fd in code_fds:
-                    os.close(fd)
-                code_fds.clear()
+                code_fds.close()
             channel.after_spawn()
             launched = _Launched(
                 process, channel, self.mechanisms(cgroup), cgroup,
@@ -303,8 +302,7 @@ class BwrapBackend(
             yield launched
         finally:
             with anyio.CancelScope(shield=True):
-                for fd in code_fds:  # not spawned: still the host's
-                    os.close(fd)
+                code_fds.close()  # not spawned: still the host's
                 if launched is not None:
                     await launched.finish()
                 if process is not None:
