@@ -9,7 +9,11 @@ earliest armed deadline, independent of the loop. The driver's own timer still e
 execution at its turn and performs the whole teardown (grace, kill, reap), exactly as
 without this thread: the strike only makes the tree start dying on time.
 
-The thread runs while a deadline is armed and exits once none is.
+The thread runs while a deadline is armed and exits once none is. It is woken only for a
+deadline earlier than the one it sleeps until: an execution that ends first (disarm) or whose
+program clock starts later (move) leaves it asleep, to find nothing due when it wakes. Each
+wake-up costs the loop thread a hand-over of the interpreter lock, which on a busy machine can
+wait milliseconds for the woken thread to be scheduled.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ _lock = threading.Condition()
 _heap: list[tuple[float, int, Armed]] = []
 _sequence = itertools.count()
 _thread: threading.Thread | None = None
+#: The deadline the thread sleeps until (infinity: none, or not asleep).
+_sleeping_until = float("inf")
+#: Deadlines armed and not yet struck or disarmed (the heap also holds superseded entries,
+#: dropped when they come first, or all at once when they outnumber these).
+_live = 0
 
 
 class Armed:
@@ -40,18 +49,26 @@ class Armed:
 
     def move(self, delay_seconds: float) -> None:
         """Strike ``delay_seconds`` from now (instead of when armed before)."""
+        global _live
         deadline = time.monotonic() + max(0.0, delay_seconds)
         with _lock:
+            if self._entry is None:
+                _live += 1
             self._entry = (deadline, next(_sequence), self)
             heapq.heappush(_heap, self._entry)
-            _start_locked()
-            _lock.notify()
+            if len(_heap) > _COMPACT_ABOVE and len(_heap) > 4 * _live:
+                _compact_locked()
+            if not _start_locked() and deadline < _sleeping_until:
+                _lock.notify()
 
     def disarm(self) -> None:
-        """Never strike. The thread drops the entry, and exits when none is left."""
+        """Never strike. The thread drops the entry when it comes first, and exits when none
+        is left."""
+        global _live
         with _lock:
+            if self._entry is not None:
+                _live -= 1
             self._entry = None
-            _lock.notify()
 
 
 def arm(delay_seconds: float, strike: Callable[[], None]) -> Armed:
@@ -62,20 +79,35 @@ def arm(delay_seconds: float, strike: Callable[[], None]) -> Armed:
     return armed
 
 
-def _start_locked() -> None:
+#: Superseded entries are dropped all at once past this many entries (and four per live one).
+_COMPACT_ABOVE = 256
+
+
+def _compact_locked() -> None:
+    _heap[:] = [entry for entry in _heap if entry[2]._entry is entry]
+    heapq.heapify(_heap)
+
+
+def _start_locked() -> bool:
+    """Start the thread if it is not running; True if it was started (it then looks at the
+    heap itself, no need to wake it)."""
     global _thread
     if _thread is None:
         _thread = threading.Thread(target=_run, name="psych-sandbox-wall-clock", daemon=True)
         _thread.start()
+        return True
+    return False
 
 
 def _forget_after_fork() -> None:
     # A forked child has no such thread (nor the parent's deadlines), and the lock may have
     # been held by it at the fork.
-    global _lock, _thread
+    global _lock, _thread, _sleeping_until, _live
     _lock = threading.Condition()
     _heap.clear()
     _thread = None
+    _sleeping_until = float("inf")
+    _live = 0
 
 
 if hasattr(os, "register_at_fork"):
@@ -83,7 +115,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def _run() -> None:
-    global _thread
+    global _thread, _sleeping_until, _live
     while True:
         with _lock:
             while True:
@@ -92,14 +124,18 @@ def _run() -> None:
                     heapq.heappop(_heap)
                 if not _heap:
                     _thread = None
+                    _sleeping_until = float("inf")
                     return
                 deadline, _, armed = _heap[0]
                 wait = deadline - time.monotonic()
                 if wait <= 0:
                     heapq.heappop(_heap)
                     armed._entry = None
+                    _live -= 1
                     break
+                _sleeping_until = deadline
                 _lock.wait(wait)
+                _sleeping_until = float("inf")
         try:
             armed._strike()
         except Exception:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import random
 import select
+import threading
 
 import anyio
 import pytest
 
-from psych_sandbox_core import ErrorKind, Sandbox
+from psych_sandbox_core import ErrorKind, Sandbox, wall_clock
 from psych_sandbox_core.phases import recording
 from psych_sandbox_core.testing.conformance import DAEMON
 from psych_sandbox_core.testing.leftovers import own_uid
@@ -92,3 +93,33 @@ async def test_the_deadline_strikes_while_the_event_loop_is_blocked() -> None:
         finally:
             os.close(pidfd)
     assert events, "the process outlived its deadline while the event loop was blocked"
+
+
+def test_an_earlier_deadline_wakes_the_thread_and_a_later_or_disarmed_one_never_strikes() -> None:
+    # The thread is woken only for a deadline earlier than the one it sleeps until; one moved
+    # later or disarmed leaves it asleep, and must then never strike early or at all.
+    struck: dict[str, threading.Event] = {name: threading.Event() for name in "abcd"}
+    far = wall_clock.arm(60.0, struck["a"].set)  # the thread sleeps until this one
+    moved = wall_clock.arm(0.01, struck["b"].set)  # earlier: wakes it
+    moved.move(60.0)  # later again: no wake-up
+    dropped = wall_clock.arm(0.01, struck["c"].set)
+    dropped.disarm()
+    near = wall_clock.arm(0.05, struck["d"].set)
+    try:
+        assert struck["d"].wait(10)
+        assert not (struck["a"].is_set() or struck["b"].is_set() or struck["c"].is_set())
+    finally:
+        for armed in (far, moved, near):
+            armed.disarm()
+
+
+def test_superseded_deadlines_do_not_pile_up() -> None:
+    # Moves and disarms that never wake the thread leave entries behind: dropped all at once
+    # once they outnumber the live deadlines.
+    keep = wall_clock.arm(60.0, lambda: None)
+    try:
+        for _ in range(2000):
+            wall_clock.arm(30.0, lambda: None).disarm()
+        assert len(wall_clock._heap) <= 4 * wall_clock._COMPACT_ABOVE
+    finally:
+        keep.disarm()
