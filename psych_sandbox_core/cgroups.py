@@ -12,12 +12,14 @@ then removes the cgroup. Used by the subprocess backend and the bwrap plugin.
 Each execution's cgroup is created under the host process's own cgroup in each hierarchy, so
 limits the host itself is under still apply to the sandbox.
 
-Where the cpu controller is there too, each execution's cgroup gets a small share of the CPU
-against the host (an eighth of the default weight): the host supervises every execution (the
-wall clock that ends a timed-out one, teardown, every conversation), and on a machine busy
-with programs it must not wait behind them. A program cannot leave its cgroup, so cannot
-take the weight back; an idle machine gives it all the CPU it asks for either way. Without a
-cpu controller the weight is not set (nothing else depends on it).
+Where the cpu controller is there too, each execution's cgroup gets an eighth of the default
+CPU weight: the host supervises every execution (the wall clock that ends a timed-out one,
+teardown, every conversation), and on a machine busy with programs it must not wait behind
+them. The weight is against everything else on the machine too: under contention an
+untrusted program is the guest, and the machine's other work comes first; an idle machine
+gives it all the CPU it asks for either way. A program cannot leave its cgroup, so cannot
+take the weight back. Without a cpu controller the weight is not set (nothing else depends
+on it).
 
 Supported: cgroup v1 with the cpuacct, memory and pids controllers mounted, or cgroup v2
 whose controllers memory and pids are (or can be) enabled for children of the host's cgroup.
