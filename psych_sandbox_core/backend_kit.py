@@ -25,8 +25,9 @@ What is here:
   each execution as a uid of its own on a root host: it leases the uid around the launch),
   :func:`leased_identity` (that lease, swept and given back when the execution is over),
   :class:`LeasedIdentityOptions`;
-  :func:`execution_cgroup` (a cgroup of the execution's own: usage, caps, and the
-  :class:`EmptyCgroup` proof a lease is retired with);
+  :func:`execution_cgroup` (a cgroup of the execution's own: usage, caps, a CPU weight, and the
+  :class:`EmptyCgroup` proof a lease is retired with), :data:`EXECUTION_CPU_SHARES` (that
+  weight as cgroup v1 shares, for a runtime that makes its own cgroups);
 * what a killed host leaves behind: :func:`make_owned_directory` (a temporary directory named
   for its host process, :func:`owner_tag`), :func:`reap_owned_directories`, and telling a live
   host process from a dead one whose pid was reused (:func:`owner_of`, :func:`host_alive`,
@@ -67,6 +68,7 @@ from .bootstrap_loader import bootstrap_source
 from .cgroupfs import Hierarchy
 from .cgroupfs import hierarchies as cgroup_hierarchies
 from .cgroupfs import remove_tree as remove_cgroup_tree
+from .cgroups import V1_CPU_SHARES as EXECUTION_CPU_SHARES
 from .cgroups import ExecutionCgroup
 from .cgroups import prepared as execution_cgroup
 from .channel import ChannelListener, InheritedSocketChannel, UnixSocketChannel
@@ -129,6 +131,7 @@ KIT_VERSION = "0.1"
 __all__ = [
     "DEFAULT_COUNT",
     "DEFAULT_FIRST_UID",
+    "EXECUTION_CPU_SHARES",
     "HANDSHAKE_CEILINGS",
     "HANDSHAKE_SECONDS",
     "KIT_VERSION",

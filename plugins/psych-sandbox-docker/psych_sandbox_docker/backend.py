@@ -33,6 +33,7 @@ from typing import Annotated, Literal
 import anyio
 from anyio.abc import ByteReceiveStream, ByteStream
 from psych_sandbox_core.backend_kit import (
+    EXECUTION_CPU_SHARES,
     BackendRegistrar,
     BackendUnavailable,
     ConfigurationError,
@@ -288,6 +289,9 @@ class DockerBackend(
             memory = limits.memory_bytes + (RUNSC_MEMORY_OVERHEAD if runsc else 0)
             host["Memory"] = memory
             host["MemorySwap"] = memory
+        # The weight every execution gets (cgroups.py): the host that supervises it, and the
+        # machine's other work, come first on a busy machine (the engine maps it to cgroup v2).
+        host["CpuShares"] = EXECUTION_CPU_SHARES
         if s.cpus is not None:
             host["NanoCpus"] = round(s.cpus * 1e9)
         processes = limits.processes or DEFAULT_PROCESSES

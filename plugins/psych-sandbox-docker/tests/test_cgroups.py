@@ -5,12 +5,18 @@ cancelled."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
 import pytest
-from docker_support import RUNTIMES, config
+from docker_support import PROFILE, RUNTIMES, config
+from psych_sandbox_core import Sandbox
+from psych_sandbox_core.backend_kit import EXECUTION_CPU_SHARES
+from psych_sandbox_core.bindings import FunctionBindings
 from psych_sandbox_core.cgroupfs import hierarchies
+from psych_sandbox_core.temp_dirs import owner_tag
+from psych_sandbox_core.testing.host import cgroup_directories
 from psych_sandbox_core.testing.programs import cgroups_of_one_execution
 
 from psych_sandbox_docker import engine as eng
@@ -95,3 +101,45 @@ def test_reaper_removes_dead_hosts_cgroup_parents_in_every_hierarchy() -> None:
     finally:
         for name in (dead, alive):
             eng.remove_cgroup_parent(name)
+
+
+#: The weight file of a cgroup v1 cpu hierarchy and of v2, and what the engine writes there
+#: for the execution's shares (v2: runc's conversion of shares to a weight).
+CPU_WEIGHTS = {
+    "cpu.shares": EXECUTION_CPU_SHARES,
+    "cpu.weight": 1 + (EXECUTION_CPU_SHARES - 2) * 9999 // 262142,
+}
+
+
+def own_processes(directory: str) -> bool:
+    try:
+        with open(os.path.join(directory, "cgroup.procs")) as file:
+            return bool(file.read().split())
+    except OSError:
+        return False
+
+
+@RUNTIMES
+async def test_the_container_runs_at_the_executions_cpu_weight(runtime: str) -> None:
+    # Read from the container's own cgroup while the program runs: the weight every
+    # execution gets, so the host and the machine's other work come first when it is busy.
+    before = cgroup_directories()
+    seen_weights: list[tuple[str, int]] = []
+
+    def seen() -> None:
+        for directory in sorted(cgroup_directories() - before):
+            if owner_tag() not in directory:
+                continue  # another host process's (tests run side by side)
+            for name in CPU_WEIGHTS:
+                path = os.path.join(directory, name)
+                if os.path.exists(path) and own_processes(directory):
+                    with open(path) as file:
+                        seen_weights.append((name, int(file.read())))
+
+    async with Sandbox(config(runtime)) as sandbox:
+        result = await sandbox.run(
+            "await seen()\n'done'", profile=PROFILE, bindings=FunctionBindings({"seen": seen})
+        )
+    assert result.error is None, result.error
+    assert seen_weights
+    assert all(value == CPU_WEIGHTS[name] for name, value in seen_weights), seen_weights
