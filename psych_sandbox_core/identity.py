@@ -372,6 +372,12 @@ class IdentityRange:
         while True:
             returned = _returns.count(self)
             try:
+                # Without a thread when nothing is to wait for (a few file operations,
+                # cheaper than the hand-over): a cursor another host holds, or a uid to
+                # sweep first, goes to a worker thread.
+                quick = self.lease_now()
+                if quick is not None:
+                    return quick
                 return await anyio.to_thread.run_sync(self.lease)
             except IdentityExhausted as exc:
                 if not _returns.retiring(self):
@@ -381,7 +387,20 @@ class IdentityRange:
 
     def lease(self) -> IdentityLease:
         """The next free uid after the one this range handed out last (blocking)."""
+        leased = self._choose(wait=True)
+        assert leased is not None  # waiting, it gives up only by raising
+        return leased
+
+    def lease_now(self) -> IdentityLease | None:
+        """:meth:`lease`, or None instead of anything that can take long: the cursor held
+        by another host, a uid whose last holder died to sweep first, this process's first
+        lease (which reaps what dead hosts left)."""
+        return self._choose(wait=False)
+
+    def _choose(self, *, wait: bool) -> IdentityLease | None:
         directory = _lock_directory()
+        if not wait and reap_abandoned_once.cache_info().currsize == 0:
+            return None
         reap_abandoned_once(directory)
         cursor = os.open(
             _cursor_path(directory, self),
@@ -390,11 +409,16 @@ class IdentityRange:
         )
         try:
             # Held while choosing: two hosts leasing from the range at once walk it in turn.
-            fcntl.flock(cursor, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(cursor, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None
             start = _read_cursor(cursor, self.count)
             for step in range(self.count):
                 offset = (start + step) % self.count
-                lease = _try_lease(directory, self.first + offset)
+                lease = _try_lease(directory, self.first + offset, sweep_first=wait)
+                if lease is _NOT_NOW:
+                    return None
                 if lease is not None:
                     _write_cursor(cursor, (offset + 1) % self.count)
                     return lease
@@ -450,8 +474,13 @@ def _cursor_path(directory: str, identities: IdentityRange) -> str:
 _REOPEN_ATTEMPTS = 3
 
 
-def _try_lease(directory: str, uid: int) -> IdentityLease | None:
-    """The uid's lease if nobody holds it (swept first if its last holder died), else None."""
+#: What _try_lease returns for a uid to sweep first when it is not to sweep.
+_NOT_NOW = IdentityLease(-1, -1, -1, "")
+
+
+def _try_lease(directory: str, uid: int, *, sweep_first: bool = True) -> IdentityLease | None:
+    """The uid's lease if nobody holds it (swept first if its last holder died; without
+    ``sweep_first``, _NOT_NOW instead), else None."""
     path = os.path.join(directory, str(uid))
     for _ in range(_REOPEN_ATTEMPTS):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -472,6 +501,9 @@ def _try_lease(directory: str, uid: int) -> IdentityLease | None:
     if os.fstat(fd).st_size:
         # The last holder died without handing the uid back (a crashed host): whatever it
         # left under this uid goes before the uid is used again.
+        if not sweep_first:
+            os.close(fd)
+            return _NOT_NOW
         try:
             sweep(uid, uid)
         except OSError:

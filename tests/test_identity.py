@@ -262,6 +262,42 @@ def test_a_uid_handed_back_clean_leaves_no_lock_file(fresh_range: IdentityRange)
     assert leftovers == []
 
 
+def test_a_lease_without_a_thread_gives_way_to_what_can_take_long(
+    fresh_range: IdentityRange,
+) -> None:
+    # lease_now() runs on the event loop: it leases as lease() does, but a cursor another
+    # host holds (it would wait) or a uid whose last holder died (it would sweep first) is
+    # left to lease() in a worker thread.
+    import fcntl
+
+    from psych_sandbox_core.identity import _cursor_path, _lock_directory
+
+    fresh_range.lease().release()  # this process's first lease reaps dead hosts' uids
+    quick = fresh_range.lease_now()
+    assert quick is not None
+    quick.release()
+    cursor = os.open(_cursor_path(_lock_directory(), fresh_range), os.O_RDWR)
+    try:
+        fcntl.flock(cursor, fcntl.LOCK_EX)  # as another host leasing at this moment
+        assert fresh_range.lease_now() is None
+    finally:
+        os.close(cursor)
+    # The next uid's last holder died holding it: its file says so.
+    with open(_cursor_path(_lock_directory(), fresh_range)) as file:
+        start = int(file.read())
+    dead = os.path.join(_lock_directory(), str(fresh_range.first + start))
+    with open(dead, "w") as file:
+        file.write("999999999\n")
+    try:
+        assert fresh_range.lease_now() is None
+        swept = fresh_range.lease()  # in a thread: swept, then leased
+        assert swept.uid == fresh_range.first + start
+        swept.release()
+    finally:
+        if os.path.exists(dead):
+            os.unlink(dead)
+
+
 def test_every_uid_leased_is_exhaustion(fresh_range: IdentityRange) -> None:
     held = [fresh_range.lease() for _ in range(fresh_range.count)]
     try:
