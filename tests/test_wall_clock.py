@@ -100,11 +100,11 @@ def test_an_earlier_deadline_wakes_the_thread_and_a_later_or_disarmed_one_never_
     # later or disarmed leaves it asleep, and must then never strike early or at all.
     struck: dict[str, threading.Event] = {name: threading.Event() for name in "abcd"}
     far = wall_clock.arm(60.0, struck["a"].set)  # the thread sleeps until this one
-    moved = wall_clock.arm(0.01, struck["b"].set)  # earlier: wakes it
+    moved = wall_clock.arm(0.5, struck["b"].set)  # earlier: wakes it
     moved.move(60.0)  # later again: no wake-up
-    dropped = wall_clock.arm(0.01, struck["c"].set)
+    dropped = wall_clock.arm(0.5, struck["c"].set)
     dropped.disarm()
-    near = wall_clock.arm(0.05, struck["d"].set)
+    near = wall_clock.arm(1.0, struck["d"].set)  # after when the others were due
     try:
         assert struck["d"].wait(10)
         assert not (struck["a"].is_set() or struck["b"].is_set() or struck["c"].is_set())
