@@ -23,7 +23,9 @@ one uid does not meet the next execution, which gets another.
 Before a uid goes back, :func:`psych_sandbox_core.sweep.sweep` kills whatever still runs under
 it and removes the state it could leave without a process (SysV IPC, message queues, files in
 shared directories, keyrings). Only kernel proof that no process can remain
-(:class:`EmptyCgroup`) skips the scan for processes; the rest of the sweep always runs.
+(:class:`EmptyCgroup`) skips the scan for processes; the rest of the sweep always runs. The
+uids of executions ending at the same time are swept together, in one pass over the host's
+tables (:class:`_Sweeps`), each as thoroughly as alone.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing_extensions import TypeVar
 from .backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
 from .errors import ConfigurationError
 from .phases import mark
-from .sweep import sweep
+from .sweep import Swept, sweep, sweep_together
 
 if sys.platform != "win32":  # POSIX identities; the module must still import on Windows
     import fcntl
@@ -157,9 +159,7 @@ class IdentityLease:
         """
         with anyio.CancelScope(shield=True):
             try:
-                await anyio.to_thread.run_sync(
-                    lambda: sweep(self.uid, self.gid, processes=empty is None)
-                )
+                await _sweeps.sweep(Swept(self.uid, self.gid, processes=empty is None))
             except OSError:
                 return
             self.release()
@@ -278,6 +278,70 @@ def _here(identities: IdentityRange) -> tuple[IdentityRange, int]:
 
 
 _returns = _Returns()
+
+
+class _Retiring:
+    """One uid waiting to be swept, and what its sweep found."""
+
+    def __init__(self, swept: Swept) -> None:
+        self.swept = swept
+        #: Set when the uid was swept (``finished``; ``failure`` says why not), or when its
+        #: caller is to sweep it itself, with every other uid waiting.
+        self.turn = anyio.Event()
+        self.finished = False
+        self.failure: OSError | None = None
+
+
+class _Sweeps:
+    """The uids this process retires, swept together: a sweep costs its passes over the
+    host's tables (every process, every shared directory entry), whatever the uids it looks
+    for, so one sweep at a time per event loop takes every uid that came to be retired
+    while the previous one ran (sweep.sweep_together). Each uid is swept exactly as alone."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[int, list[_Retiring]] = {}
+        self._sweeping: set[int] = set()
+
+    async def sweep(self, swept: Swept) -> None:
+        """Return once ``swept`` was swept; OSError if it could not be (as sweep.sweep)."""
+        loop = threading.get_ident()  # an event is set only on the loop it was made on
+        me = _Retiring(swept)
+        self._waiting.setdefault(loop, []).append(me)
+        if loop not in self._sweeping:
+            self._sweeping.add(loop)
+            me.turn.set()
+        await me.turn.wait()
+        if not me.finished:
+            await self._sweep_waiting(loop)
+        if me.failure is not None:
+            raise me.failure
+
+    async def _sweep_waiting(self, loop: int) -> None:
+        """Sweep every uid waiting on this loop, then hand the next sweep to whoever came
+        meanwhile (the caller sweeping returns once its own uid is done)."""
+        batch = self._waiting.pop(loop)
+        failures: dict[int, OSError] | None = None
+        try:
+            failures = await anyio.to_thread.run_sync(
+                sweep_together, [retiring.swept for retiring in batch]
+            )
+        finally:
+            for retiring in batch:
+                retiring.finished = True
+                retiring.failure = (
+                    OSError(f"the sweep of uid {retiring.swept.uid} did not finish")
+                    if failures is None
+                    else failures.get(retiring.swept.uid)
+                )
+                retiring.turn.set()
+            following = self._waiting.get(loop)
+            if following:
+                following[0].turn.set()
+            else:
+                self._sweeping.discard(loop)
+
+
+_sweeps = _Sweeps()
 
 
 LeasedOptionsT = TypeVar(
