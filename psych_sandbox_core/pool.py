@@ -78,6 +78,10 @@ class WarmStatus:
     #: for a child that is being prepared.
     target: int = 0
     waiting: int = 0
+    #: Programs the pool has run, and how many of them started cold (no child could be had
+    #: sooner), since it was made.
+    runs: int = 0
+    started_cold: int = 0
 
 
 class _Waiter:
@@ -108,6 +112,7 @@ class WarmPool:
         self._waiters: deque[_Waiter] = deque()
         self._became_ready = anyio.Event()
         self._runs = 0
+        self._total_runs = self._started_cold = 0
         #: Programs being run right now, and when each number of them (1, 2, ...) last ran
         #: at once: what demand is.
         self._running = 0
@@ -130,6 +135,8 @@ class WarmPool:
             settings.memory_bytes,
             self.target(),
             len(self._waiters),
+            self._total_runs,
+            self._started_cold,
         )
 
     @property
@@ -176,6 +183,7 @@ class WarmPool:
         """Run ``plan`` on a prepared child: a ready one, else one about to be; cold when
         none can be had sooner."""
         self._runs += 1
+        self._total_runs += 1
         now = self._last_used = anyio.current_time()
         self._running += 1
         for n in range(1, min(self._running, self._settings.size) + 1):
@@ -202,6 +210,7 @@ class WarmPool:
             self._running -= 1
 
     async def _cold(self, plan: ExecutionPlan) -> ExecutionResult:
+        self._started_cold += 1
         try:
             return await execute(self._backend, plan, self._task_group)
         finally:

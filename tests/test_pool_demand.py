@@ -88,6 +88,7 @@ async def test_a_program_waits_for_the_child_on_its_way_rather_than_start_one_co
         assert len(backend.launched) == 1  # nothing started cold meanwhile
         gates["0"].set()
         await done.wait()
+        assert (pool.status().runs, pool.status().started_cold) == (1, 0)
         tg.cancel_scope.cancel()
     assert results[0].return_value == "one", results[0].error
     assert children.served == {0: "one"}
@@ -124,6 +125,7 @@ async def test_a_child_that_looks_stuck_is_not_waited_for() -> None:
         first = await pool.run(plan("one"))
         assert pool.status().preparing == 1  # child 1, held
         second = await pool.run(plan("two"))
+        assert (pool.status().runs, pool.status().started_cold) == (2, 1)
         tg.cancel_scope.cancel()
     assert (first.return_value, second.return_value) == ("one", "two")
     assert children.served == {0: "one", 2: "two"}
