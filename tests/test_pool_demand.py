@@ -179,3 +179,29 @@ async def test_the_pool_keeps_what_demand_calls_for_within_its_size() -> None:
         tg.cancel_scope.cancel()
     assert sorted(children.served.values()) == list("abcdefg")
     assert backend.live == 0
+
+
+async def test_ready_children_beyond_what_demand_calls_for_are_discarded() -> None:
+    children = Children()
+    backend = FakeBackend(children.script)
+    async with anyio.create_task_group() as tg:
+        pool = WarmPool(backend, LIMITS, WarmSettings(3, BUDGET, 60.0), tg)
+        await pool.wait_ready()
+        async with anyio.create_task_group() as callers:
+            for source in ("a", "b", "c"):
+                callers.start_soon(pool.run, plan(source))
+        await anyio.wait_all_tasks_blocked()
+        assert pool.status().ready == 3 and backend.live == 3
+        # Three at once was longer ago than the idle window: one at a time is the demand now.
+        for n in (2, 3):
+            pool._last_at[n] -= 61.0
+        pool.refill()
+        await anyio.wait_all_tasks_blocked()
+        status = pool.status()
+        assert status.target == 2 and (status.ready, status.preparing) == (2, 0), status
+        # The one discarded was torn down without a program.
+        assert backend.live == 2
+        await pool.run(plan("d"))
+        tg.cancel_scope.cancel()
+    assert sorted(children.served.values()) == list("abcd")
+    assert backend.live == 0
