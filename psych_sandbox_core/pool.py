@@ -220,35 +220,32 @@ class WarmPool:
 
     async def _child(self) -> PreparedChild | None:
         """A ready child, or the next one prepared where waiting for it is the sooner way to
-        a child (None: start cold)."""
-        while True:
-            if self._ready:
-                return self._ready.popleft()
-            if self._settings.automatic and self._runs < 2:
-                return None  # a Sandbox that may run one program prepares nothing
-            patience = self._patience()
-            if patience is None:
-                if not self._room_for_one():
-                    return None
-                self._start_one()
-                patience = math.inf  # its own start-up deadlines bound the wait
-            waiter = _Waiter()
-            self._waiters.append(waiter)
-            try:
-                with anyio.move_on_after(patience):
-                    await waiter.answered.wait()
-            except BaseException:
-                if waiter.child is not None:
-                    self._keep(waiter.child)  # handed over as the caller went away
-                raise
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+        a child; None: start cold (also when the start waited for failed, so that a backend
+        that cannot start a child here says why on the result)."""
+        if self._ready:
+            return self._ready.popleft()
+        if self._settings.automatic and self._runs < 2:
+            return None  # a Sandbox that may run one program prepares nothing
+        patience = self._patience()
+        if patience is None:
+            if not self._room_for_one():
+                return None
+            self._start_one()
+            patience = math.inf  # its own start-up deadlines bound the wait
+        waiter = _Waiter()
+        self._waiters.append(waiter)
+        try:
+            # Past the patience it looks stuck: a cold start comes first.
+            with anyio.move_on_after(patience):
+                await waiter.answered.wait()
+        except BaseException:
             if waiter.child is not None:
-                return waiter.child
-            if not waiter.answered.is_set():
-                return None  # it looks stuck: a cold start comes first
-            # That start failed: look again (another may be on its way).
+                self._keep(waiter.child)  # handed over as the caller went away
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+        return waiter.child
 
     def _patience(self) -> float | None:
         """How long to wait for the oldest child being prepared that no caller waits for;

@@ -8,6 +8,7 @@ import anyio
 import pytest
 from anyio.abc import TaskGroup
 
+from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.grading import Level
 from psych_sandbox_core.host import ExecutionPlan
 from psych_sandbox_core.pool import WarmPool, WarmSettings
@@ -204,4 +205,17 @@ async def test_ready_children_beyond_what_demand_calls_for_are_discarded() -> No
         await pool.run(plan("d"))
         tg.cancel_scope.cancel()
     assert sorted(children.served.values()) == list("abcd")
+    assert backend.live == 0
+
+
+async def test_a_backend_that_cannot_start_a_child_gives_a_result_not_a_wait() -> None:
+    backend = FakeBackend(Children().script, unavailable="no children here")
+    async with anyio.create_task_group() as tg:
+        pool = WarmPool(backend, LIMITS, WarmSettings(2, BUDGET, 60.0), tg)
+        with anyio.fail_after(10):
+            results = [await pool.run(plan(source)) for source in ("a", "b")]
+        tg.cancel_scope.cancel()
+    for result in results:
+        assert result.error is not None and result.error.kind is ErrorKind.BACKEND_NOT_READY
+        assert "no children here" in result.error.message
     assert backend.live == 0
