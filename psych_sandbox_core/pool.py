@@ -20,8 +20,9 @@ while the others serve). It shrinks to that when demand falls, to nothing after
 A program that finds no child ready waits for one that is being prepared and no other caller
 waits for, unless that one has taken so long that a cold start would come first (it looks
 stuck); where none is on its way and the bounds leave room, it starts one and waits for it.
-Only where the bounds leave no room does it start cold. A child comes back to the caller
-that has waited longest.
+Only where the bounds leave no room, or the start it waited for failed, does it start cold
+(a backend that cannot start a child here then says why on the result). A child comes
+back to the caller that has waited longest.
 """
 
 from __future__ import annotations
