@@ -243,6 +243,13 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int, rou
         f"{(bare_host + bare_children) * 1e3:.1f} ms (host {bare_host * 1e3:.1f}, the process "
         f"{bare_children * 1e3:.1f}); median latency under this load {latency * 1e3:.1f} ms"
     )
+    if children < bare_children:
+        # Less than a bare interpreter costs: part of each child was never reaped by us.
+        print(
+            f"{backend_id}:              (children: the CPU of what this process reaped; this "
+            "backend's launcher does not hand its sandbox's processes' CPU back, so the "
+            "children's figure and the total are low)"
+        )
     print(
         f"{backend_id}:   load average {load_average[0]:.2f} {load_average[1]:.2f} "
         f"{load_average[2]:.2f} (at the end of the measurements)"
