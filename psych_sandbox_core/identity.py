@@ -155,14 +155,14 @@ class IdentityLease:
         removed, stays leased (and marked unclean for the next holder) rather than be shared.
 
         ``empty``, kernel proof that no process of the execution remains, spares the scan
-        for processes; everything else is swept regardless. Off the event loop.
+        for processes; everything else is swept regardless. Off the event loop (the
+        release's file operations too).
         """
         with anyio.CancelScope(shield=True):
             try:
-                await _sweeps.sweep(Swept(self.uid, self.gid, processes=empty is None))
+                await _sweeps.retire(self, processes=empty is None)
             except OSError:
                 return
-            self.release()
 
     def release(self) -> None:
         """Give the uid back. Call only once nothing of the execution is left under it."""
@@ -281,10 +281,11 @@ _returns = _Returns()
 
 
 class _Retiring:
-    """One uid waiting to be swept, and what its sweep found."""
+    """One lease waiting to be swept and given back, and why it could not be."""
 
-    def __init__(self, swept: Swept) -> None:
-        self.swept = swept
+    def __init__(self, lease: IdentityLease, processes: bool) -> None:
+        self.lease = lease
+        self.swept = Swept(lease.uid, lease.gid, processes)
         #: Set when the uid was swept (``finished``; ``failure`` says why not), or when its
         #: caller is to sweep it itself, with every other uid waiting.
         self.turn = anyio.Event()
@@ -296,16 +297,19 @@ class _Sweeps:
     """The uids this process retires, swept together: a sweep costs its passes over the
     host's tables (every process, every shared directory entry), whatever the uids it looks
     for, so one sweep at a time per event loop takes every uid that came to be retired
-    while the previous one ran (sweep.sweep_together). Each uid is swept exactly as alone."""
+    while the previous one ran (sweep.sweep_together). Each uid is swept exactly as alone,
+    and given back in the same worker thread (its lock file's removal is file system work,
+    which can stall, kept off the event loop)."""
 
     def __init__(self) -> None:
         self._waiting: dict[int, list[_Retiring]] = {}
         self._sweeping: set[int] = set()
 
-    async def sweep(self, swept: Swept) -> None:
-        """Return once ``swept`` was swept; OSError if it could not be (as sweep.sweep)."""
+    async def retire(self, lease: IdentityLease, *, processes: bool) -> None:
+        """Return once ``lease``'s uid was swept (its processes looked for, unless not
+        ``processes``) and given back; OSError if it could not be (then it stays leased)."""
         loop = threading.get_ident()  # an event is set only on the loop it was made on
-        me = _Retiring(swept)
+        me = _Retiring(lease, processes)
         self._waiting.setdefault(loop, []).append(me)
         if loop not in self._sweeping:
             self._sweeping.add(loop)
@@ -322,9 +326,7 @@ class _Sweeps:
         batch = self._waiting.pop(loop)
         failures: dict[int, OSError] | None = None
         try:
-            failures = await anyio.to_thread.run_sync(
-                sweep_together, [retiring.swept for retiring in batch]
-            )
+            failures = await anyio.to_thread.run_sync(_retire_together, batch)
         finally:
             for retiring in batch:
                 retiring.finished = True
@@ -339,6 +341,19 @@ class _Sweeps:
                 following[0].turn.set()
             else:
                 self._sweeping.discard(loop)
+
+
+def _retire_together(batch: list[_Retiring]) -> dict[int, OSError]:
+    """Sweep the batch's uids together and give back each one swept (blocking); why each
+    of the others could not be."""
+    failures = sweep_together([retiring.swept for retiring in batch])
+    for retiring in batch:
+        if retiring.swept.uid not in failures:
+            try:
+                retiring.lease.release()
+            except OSError as exc:
+                failures[retiring.swept.uid] = exc
+    return failures
 
 
 _sweeps = _Sweeps()

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Collection
+from pathlib import Path
 
 import anyio
 import pytest
@@ -107,10 +108,11 @@ def test_a_uid_that_cannot_be_swept_fails_alone() -> None:
 
 
 async def test_uids_retiring_while_a_sweep_runs_are_swept_together_in_the_next(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # The first sweep is held until the others have come to be retired; each learns its own
-    # outcome, and none is swept twice.
+    # outcome, none is swept twice, and only those swept are given back (their lock files
+    # emptied and removed).
     release = threading.Event()
     batches: list[list[int]] = []
 
@@ -124,9 +126,17 @@ async def test_uids_retiring_while_a_sweep_runs_are_swept_together_in_the_next(
     sweeps = identity._Sweeps()
     outcomes: dict[int, str] = {}
 
+    def held(uid: int) -> identity.IdentityLease:
+        path = str(tmp_path / str(uid))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.write(fd, b"held\n")
+        return identity.IdentityLease(uid, uid, fd, path)
+
+    leases = {uid: held(uid) for uid in (1, 2, 3)}
+
     async def retire(uid: int) -> None:
         try:
-            await sweeps.sweep(Swept(uid, uid))
+            await sweeps.retire(leases[uid], processes=True)
         except OSError:
             outcomes[uid] = "kept"
         else:
@@ -139,3 +149,6 @@ async def test_uids_retiring_while_a_sweep_runs_are_swept_together_in_the_next(
         release.set()
     assert batches == [[1], [2, 3]]
     assert outcomes == {1: "swept", 2: "swept", 3: "kept"}
+    assert sorted(os.listdir(tmp_path)) == ["3"]
+    assert (tmp_path / "3").read_bytes() == b"held\n"
+    leases[3].release()
