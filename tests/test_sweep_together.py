@@ -34,11 +34,6 @@ PYTHON = ("/usr/bin/python3", "-I", "-c")
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="only a root host runs programs as uids")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def two_uids() -> tuple[int, int]:
     first = 1_960_000_000 + random.randrange(1_000_000)
     return first, first + 1
