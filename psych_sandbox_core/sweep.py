@@ -187,20 +187,29 @@ def processes_of(uids: Collection[int]) -> dict[int, int]:
 def _runs_as(status: bytes, uids: Collection[bytes]) -> int | None:
     """Which of ``uids`` (as text) a /proc status text of a live process has among its uids,
     if any. A zombie is already dead (it only waits for its parent to reap it) and cannot be
-    killed again."""
-    state = b""
-    for line in status.split(b"\n"):
-        if line.startswith(b"State:"):
-            fields = line.split()
-            state = fields[1] if len(fields) > 1 else b""
-        elif line.startswith(b"Uid:"):
-            if state in (b"Z", b"X"):
-                return None
-            for uid in line.split()[1:]:
-                if uid in uids:
-                    return int(uid)
-            return None
+    killed again. Only the two lines are looked at (this runs for every process on the host
+    at every sweep); the one line a process controls, its name, comes escaped by the
+    kernel, so it cannot pass for either."""
+    uid_line = _line(status, b"\nUid:")
+    if uid_line is None:
+        return None
+    state = (_line(status, b"\nState:") or b"").split()
+    if state and state[0] in (b"Z", b"X"):
+        return None
+    for uid in uid_line.split():
+        if uid in uids:
+            return int(uid)
     return None
+
+
+def _line(text: bytes, key: bytes) -> bytes | None:
+    """What follows ``key`` (a newline and a field name) up to the end of its line."""
+    start = text.find(key)
+    if start < 0:
+        return None
+    start += len(key)
+    end = text.find(b"\n", start)
+    return text[start:] if end < 0 else text[start:end]
 
 
 # ---------------------------------------------------------------- SysV IPC
