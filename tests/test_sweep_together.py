@@ -107,17 +107,25 @@ async def test_uids_retiring_while_a_sweep_runs_are_swept_together_in_the_next(
 ) -> None:
     # The first sweep is held until the others have come to be retired; each learns its own
     # outcome, none is swept twice, and only those swept are given back (their lock files
-    # emptied and removed).
+    # emptied and removed). The sweeps are stand-ins: nothing on the host is touched.
     release = threading.Event()
     batches: list[list[int]] = []
+    first, second, third = (1_970_000_000 + random.randrange(1_000_000) + n for n in range(3))
 
-    def swept(identities: Collection[Swept]) -> dict[int, OSError]:
+    def swept_together(identities: Collection[Swept]) -> dict[int, OSError]:
         batches.append([one.uid for one in identities])
         if len(batches) == 1:
             release.wait(30)
-        return {3: OSError("could not")} if any(one.uid == 3 for one in identities) else {}
+        failing = [one.uid for one in identities if one.uid == third]
+        return {uid: OSError("could not") for uid in failing}
 
-    monkeypatch.setattr(identity, "sweep_together", swept)
+    def swept(uid: int, gid: int, *, processes: bool = True) -> None:
+        failure = swept_together([Swept(uid, gid, processes)]).get(uid)
+        if failure is not None:
+            raise failure
+
+    monkeypatch.setattr(identity, "sweep_together", swept_together)
+    monkeypatch.setattr(identity, "sweep", swept)
     sweeps = identity._Sweeps()
     outcomes: dict[int, str] = {}
 
@@ -127,7 +135,7 @@ async def test_uids_retiring_while_a_sweep_runs_are_swept_together_in_the_next(
         os.write(fd, b"held\n")
         return identity.IdentityLease(uid, uid, fd, path)
 
-    leases = {uid: held(uid) for uid in (1, 2, 3)}
+    leases = {uid: held(uid) for uid in (first, second, third)}
 
     async def retire(uid: int) -> None:
         try:
@@ -138,12 +146,12 @@ async def test_uids_retiring_while_a_sweep_runs_are_swept_together_in_the_next(
             outcomes[uid] = "swept"
 
     async with anyio.create_task_group() as tg:
-        for uid in (1, 2, 3):
+        for uid in (first, second, third):
             tg.start_soon(retire, uid)
             await anyio.wait_all_tasks_blocked()
         release.set()
-    assert batches == [[1], [2, 3]]
-    assert outcomes == {1: "swept", 2: "swept", 3: "kept"}
-    assert sorted(os.listdir(tmp_path)) == ["3"]
-    assert (tmp_path / "3").read_bytes() == b"held\n"
-    leases[3].release()
+    assert batches == [[first], [second, third]]
+    assert outcomes == {first: "swept", second: "swept", third: "kept"}
+    assert sorted(os.listdir(tmp_path)) == [str(third)]
+    assert (tmp_path / str(third)).read_bytes() == b"held\n"
+    leases[third].release()
