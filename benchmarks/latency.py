@@ -243,6 +243,13 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int, rou
         f"{(bare_host + bare_children) * 1e3:.1f} ms (host {bare_host * 1e3:.1f}, the process "
         f"{bare_children * 1e3:.1f}); median latency under this load {latency * 1e3:.1f} ms"
     )
+    # On a machine the runs have to themselves, both rates are bound by CPU: this share
+    # does not move with other work on the machine as the measured one does.
+    print(
+        f"{backend_id}:              bound by CPU alone, the sustained rate would be "
+        f"{(bare_host + bare_children) / (host + children):.0%} of the bare ceiling (the CPU of "
+        "one bare process over the CPU of one execution)"
+    )
     if children < bare_children:
         # Less than a bare interpreter costs: part of each child was never reaped by us.
         print(
