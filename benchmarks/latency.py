@@ -12,7 +12,10 @@ For each available backend it prints:
   each child still runs exactly one program;
 - sustained: the same profile driven by `--concurrency` callers at once, as executions per
   second, next to the bare interpreter's own ceiling: `python -I -c pass` processes per
-  second started by as many callers at once, measured in the same run;
+  second started by as many callers at once, measured in the same run (the median of
+  `--rounds` rounds of each, interleaved), with how many executions started cold (no
+  prepared child could be had sooner), the CPU each execution cost the host process and its
+  children (against what one bare process costs), and the median latency under that load;
 - where a backend names one (`bare_command()`), the bare equivalent of its own start-up
   (e.g. `docker run` of the same image) measured in the same run;
 - the same, cold and warm, for a program that awaits (`await asyncio.sleep(0)`) and for a
@@ -26,16 +29,23 @@ For each available backend it prints:
   frame, and the teardown that finishes after the result was handed back.
 
     python benchmarks/latency.py [--runs N] [--backend ID ...] [--idle SECONDS] [--concurrency N]
+                                 [--rounds N]
+
+The load average is printed with each backend's rows: the machine is shared, and a busy one
+moves every number (the ratios less, as both sides are measured together).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import anyio
 
@@ -110,39 +120,59 @@ async def time_run(
     return elapsed
 
 
-async def processes_per_second(argv: Sequence[str], concurrency: int, count: int) -> float:
-    """Bare processes started and waited for by ``concurrency`` callers at once."""
+@dataclass(frozen=True)
+class Load:
+    """One round of ``count`` things done by callers at once: how many per second, the CPU
+    each cost this process and its children (reaped meanwhile), and each one's latency."""
+
+    per_second: float
+    host_cpu: float
+    children_cpu: float
+    latencies: list[float]
+
+
+async def under_load(work: Callable[[], Awaitable[object]], concurrency: int, count: int) -> Load:
     limiter = anyio.CapacityLimiter(concurrency)
+    latencies: list[float] = []
 
     async def one() -> None:
         async with limiter:
-            await anyio.run_process(list(argv))
+            started = time.perf_counter()
+            await work()
+            latencies.append(time.perf_counter() - started)
 
+    host, children = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for _ in range(count):
             tg.start_soon(one)
-    return count / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    return Load(
+        count / elapsed,
+        (_cpu(resource.RUSAGE_SELF) - host) / count,
+        (_cpu(resource.RUSAGE_CHILDREN) - children) / count,
+        latencies,
+    )
+
+
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def processes_per_second(argv: Sequence[str], concurrency: int, count: int) -> Load:
+    """Bare processes started and waited for by ``concurrency`` callers at once."""
+    return await under_load(lambda: anyio.run_process(list(argv)), concurrency, count)
 
 
 async def executions_per_second(
     sandbox: Sandbox, profile: str, concurrency: int, count: int
-) -> float:
+) -> Load:
     """Executions of PROGRAM run to their result by ``concurrency`` callers at once."""
-    limiter = anyio.CapacityLimiter(concurrency)
-
-    async def one() -> None:
-        async with limiter:
-            await time_run(sandbox, profile)
-
-    started = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for _ in range(count):
-            tg.start_soon(one)
-    return count / (time.perf_counter() - started)
+    return await under_load(lambda: time_run(sandbox, profile), concurrency, count)
 
 
-async def measure(backend_id: str, runs: int, idle: float, concurrency: int) -> None:
+async def measure(backend_id: str, runs: int, idle: float, concurrency: int, rounds: int) -> None:
     config = DeploymentConfig(
         profiles={
             "cold": ProfileConfig(backend=backend_id, warm=0),
@@ -173,9 +203,13 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int) -> 
                 awaiting[name][1].append(await time_run(sandbox, "warm", program))
             if bare_command is not None:
                 bare.append(time_command(bare_command()))
-        bare_rate = await processes_per_second(floor_argv, concurrency, runs * 4)
-        rate = await executions_per_second(sandbox, "warm", concurrency, runs * 4)
-        bare_rate = (bare_rate + await processes_per_second(floor_argv, concurrency, runs * 4)) / 2
+        bare_loads, loads = [], []
+        before = sandbox.warm_status("warm")
+        for _ in range(rounds):
+            bare_loads.append(await processes_per_second(floor_argv, concurrency, runs * 2))
+            loads.append(await executions_per_second(sandbox, "warm", concurrency, runs * 2))
+        after = sandbox.warm_status("warm")
+    load_average = os.getloadavg()
     f = statistics.median(floor)
     c = statistics.median(cold)
     w = statistics.median(warm)
@@ -186,11 +220,46 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int) -> 
         f"(low load: ready, then idle {idle:g} s; target < 0.25x: "
         f"{'met' if w / f < 0.25 else 'NOT met'})"
     )
+    rate = statistics.median(load.per_second for load in loads)
+    bare_rate = statistics.median(load.per_second for load in bare_loads)
     share = rate / bare_rate
     print(
         f"{backend_id}:   sustained  {rate:7.1f} executions/s by {concurrency} callers; the bare "
         f"interpreter's ceiling {bare_rate:.1f}/s: {share:.0%} of it "
-        f"(target >= 60%: {'met' if share >= 0.6 else 'NOT met'})"
+        f"(target >= 60%: {'met' if share >= 0.6 else 'NOT met'}; medians of {rounds} rounds)"
+    )
+    if before is not None and after is not None:
+        cold = after.started_cold - before.started_cold
+        total = after.runs - before.runs
+        print(f"{backend_id}:              {cold} of {total} executions started cold")
+    host = statistics.median(load.host_cpu for load in loads)
+    children = statistics.median(load.children_cpu for load in loads)
+    bare_host = statistics.median(load.host_cpu for load in bare_loads)
+    bare_children = statistics.median(load.children_cpu for load in bare_loads)
+    latency = statistics.median(t for load in loads for t in load.latencies)
+    print(
+        f"{backend_id}:              CPU per execution {(host + children) * 1e3:.1f} ms (host "
+        f"{host * 1e3:.1f}, children {children * 1e3:.1f}); per bare process "
+        f"{(bare_host + bare_children) * 1e3:.1f} ms (host {bare_host * 1e3:.1f}, the process "
+        f"{bare_children * 1e3:.1f}); median latency under this load {latency * 1e3:.1f} ms"
+    )
+    # On a machine the runs have to themselves, both rates are bound by CPU: this share
+    # does not move with other work on the machine as the measured one does.
+    print(
+        f"{backend_id}:              bound by CPU alone, the sustained rate would be "
+        f"{(bare_host + bare_children) / (host + children):.0%} of the bare ceiling (the CPU of "
+        "one bare process over the CPU of one execution)"
+    )
+    if children < bare_children:
+        # Less than a bare interpreter costs: part of each child was never reaped by us.
+        print(
+            f"{backend_id}:              (children: the CPU of what this process reaped; this "
+            "backend's launcher does not hand its sandbox's processes' CPU back, so the "
+            "children's figure and the total are low)"
+        )
+    print(
+        f"{backend_id}:   load average {load_average[0]:.2f} {load_average[1]:.2f} "
+        f"{load_average[2]:.2f} (at the end of the measurements)"
     )
     af = statistics.median(awaiting_floor)
     for name, (cold_times, warm_times) in awaiting.items():
@@ -248,6 +317,9 @@ async def main() -> None:
     parser.add_argument(
         "--concurrency", type=int, default=4, help="callers at once for the sustained rate"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds of the sustained rates"
+    )
     args = parser.parse_args()
     registry = BackendRegistry()
     for backend_id in args.backend or registry.ids():
@@ -255,7 +327,7 @@ async def main() -> None:
         if reason is not None:
             print(f"{backend_id}: not available here ({reason})")
             continue
-        await measure(backend_id, args.runs, args.idle, args.concurrency)
+        await measure(backend_id, args.runs, args.idle, args.concurrency, args.rounds)
 
 
 if __name__ == "__main__":

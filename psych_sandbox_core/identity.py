@@ -23,7 +23,9 @@ one uid does not meet the next execution, which gets another.
 Before a uid goes back, :func:`psych_sandbox_core.sweep.sweep` kills whatever still runs under
 it and removes the state it could leave without a process (SysV IPC, message queues, files in
 shared directories, keyrings). Only kernel proof that no process can remain
-(:class:`EmptyCgroup`) skips the scan for processes; the rest of the sweep always runs.
+(:class:`EmptyCgroup`) skips the scan for processes; the rest of the sweep always runs. The
+uids of executions ending at the same time are swept together, in one pass over the host's
+tables (:class:`_Sweeps`), each as thoroughly as alone.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing_extensions import TypeVar
 from .backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
 from .errors import ConfigurationError
 from .phases import mark
-from .sweep import sweep
+from .sweep import Swept, sweep, sweep_together
 
 if sys.platform != "win32":  # POSIX identities; the module must still import on Windows
     import fcntl
@@ -153,16 +155,14 @@ class IdentityLease:
         removed, stays leased (and marked unclean for the next holder) rather than be shared.
 
         ``empty``, kernel proof that no process of the execution remains, spares the scan
-        for processes; everything else is swept regardless. Off the event loop.
+        for processes; everything else is swept regardless. Off the event loop (the
+        release's file operations too).
         """
         with anyio.CancelScope(shield=True):
             try:
-                await anyio.to_thread.run_sync(
-                    lambda: sweep(self.uid, self.gid, processes=empty is None)
-                )
+                await _sweeps.retire(self, processes=empty is None)
             except OSError:
                 return
-            self.release()
 
     def release(self) -> None:
         """Give the uid back. Call only once nothing of the execution is left under it."""
@@ -278,6 +278,93 @@ def _here(identities: IdentityRange) -> tuple[IdentityRange, int]:
 
 
 _returns = _Returns()
+
+
+class _Retiring:
+    """One lease waiting to be swept and given back, and why it could not be."""
+
+    def __init__(self, lease: IdentityLease, processes: bool) -> None:
+        self.lease = lease
+        self.swept = Swept(lease.uid, lease.gid, processes)
+        #: Set when the uid was swept (``finished``; ``failure`` says why not), or when its
+        #: caller is to sweep it itself, with every other uid waiting.
+        self.turn = anyio.Event()
+        self.finished = False
+        self.failure: OSError | None = None
+
+
+class _Sweeps:
+    """The uids this process retires, swept together: a sweep costs its passes over the
+    host's tables (every process, every shared directory entry), whatever the uids it looks
+    for, so one sweep at a time per event loop takes every uid that came to be retired
+    while the previous one ran (sweep.sweep_together). Each uid is swept exactly as alone,
+    and given back in the same worker thread (its lock file's removal is file system work,
+    which can stall, kept off the event loop)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[int, list[_Retiring]] = {}
+        self._sweeping: set[int] = set()
+
+    async def retire(self, lease: IdentityLease, *, processes: bool) -> None:
+        """Return once ``lease``'s uid was swept (its processes looked for, unless not
+        ``processes``) and given back; OSError if it could not be (then it stays leased)."""
+        loop = threading.get_ident()  # an event is set only on the loop it was made on
+        me = _Retiring(lease, processes)
+        self._waiting.setdefault(loop, []).append(me)
+        if loop not in self._sweeping:
+            self._sweeping.add(loop)
+            me.turn.set()
+        await me.turn.wait()
+        if not me.finished:
+            await self._sweep_waiting(loop)
+        if me.failure is not None:
+            raise me.failure
+
+    async def _sweep_waiting(self, loop: int) -> None:
+        """Sweep every uid waiting on this loop, then hand the next sweep to whoever came
+        meanwhile (the caller sweeping returns once its own uid is done)."""
+        batch = self._waiting.pop(loop)
+        failures: dict[int, OSError] | None = None
+        try:
+            failures = await anyio.to_thread.run_sync(_retire_together, batch)
+        finally:
+            for retiring in batch:
+                retiring.finished = True
+                retiring.failure = (
+                    OSError(f"the sweep of uid {retiring.swept.uid} did not finish")
+                    if failures is None
+                    else failures.get(retiring.swept.uid)
+                )
+                retiring.turn.set()
+            following = self._waiting.get(loop)
+            if following:
+                following[0].turn.set()
+            else:
+                self._sweeping.discard(loop)
+
+
+def _retire_together(batch: list[_Retiring]) -> dict[int, OSError]:
+    """Sweep the batch's uids together (one alone: the plain sweep) and give back each one
+    swept (blocking); why each of the others could not be."""
+    failures: dict[int, OSError] = {}
+    if len(batch) == 1:
+        alone = batch[0].swept
+        try:
+            sweep(alone.uid, alone.gid, processes=alone.processes)
+        except OSError as exc:
+            failures[alone.uid] = exc
+    else:
+        failures = sweep_together([retiring.swept for retiring in batch])
+    for retiring in batch:
+        if retiring.swept.uid not in failures:
+            try:
+                retiring.lease.release()
+            except OSError as exc:
+                failures[retiring.swept.uid] = exc
+    return failures
+
+
+_sweeps = _Sweeps()
 
 
 LeasedOptionsT = TypeVar(

@@ -36,10 +36,11 @@ class ProfileConfig(BaseModel):
     budgets: BindingBudgets = Field(default_factory=BindingBudgets)
     #: Previews, attachments and artifact collection (see docs/output.md).
     output: OutputPolicy = Field(default_factory=OutputPolicy)
-    #: Children kept prepared (launched, connected, graded) ahead of their program, each used
-    #: for exactly one program and discarded. Needs the Sandbox used as ``async with``; 0
-    #: starts every execution cold. Unset: two, once the Sandbox runs the profile a second
-    #: time (a Sandbox that runs one program prepares nothing it would not use).
+    #: The most children kept prepared (launched, connected, graded) ahead of their program,
+    #: each used for exactly one program and discarded; within it the pool keeps as many as
+    #: demand calls for (see pool.py). Needs the Sandbox used as ``async with``; 0 starts
+    #: every execution cold. Unset: two, once the Sandbox runs the profile a second time (a
+    #: Sandbox that runs one program prepares nothing it would not use).
     warm: Annotated[int, Field(ge=0, le=64)] | None = None
     #: The most memory the prepared children of this profile may hold together, as measured
     #: from the host once each is graded (a child its backend cannot measure counts at the

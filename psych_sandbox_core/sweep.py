@@ -15,6 +15,12 @@ is state that lives on without a process, kept by the kernel until someone remov
 :func:`sweep` removes all of it, processes first (a live process would only make more).
 A backend whose program had its own IPC namespace, ``/tmp`` and user namespace leaves none
 of this on the host, and the sweep finds nothing, cheaply. Blocking: run it in a worker thread.
+
+What a sweep costs is its passes over the host's tables (every process's status, every entry
+of the shared directories), not the uid it looks for: :func:`sweep_together` sweeps the uids
+of several executions ending at once in one pass of each, every uid exactly as :func:`sweep`
+would (identity.py hands it the uids retiring together). One uid's failure is that uid's
+alone: the others are swept all the same.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from functools import lru_cache
 
 from .workspace import DIRECTORY_FLAGS, remove_entry
@@ -45,36 +53,86 @@ SHARED_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm", "/run/shm", "/run/lock", "
 SHARED_DEPTH = 4
 
 
+@dataclass(frozen=True)
+class Swept:
+    """One uid to sweep: its group, and whether its processes are looked for (False only
+    where the caller holds kernel proof that none remain)."""
+
+    uid: int
+    gid: int
+    processes: bool = True
+
+
 def sweep(uid: int, gid: int, *, processes: bool = True) -> None:
     """Kill the uid's processes (unless the caller holds kernel proof there are none), then
     remove its SysV IPC objects, POSIX message queues, files in shared directories and keyring
     contents. OSError if something could not be removed: the uid must then not be reused."""
-    if processes:
-        kill_processes_of(uid)
-    remove_sysv_ipc(uid, gid)
-    remove_message_queues(uid)
-    remove_shared_files(uid)
-    clear_keyrings(uid)
+    failure = sweep_together([Swept(uid, gid, processes)]).get(uid)
+    if failure is not None:
+        raise failure
+
+
+def sweep_together(identities: Collection[Swept]) -> dict[int, OSError]:
+    """Sweep every uid of ``identities`` as :func:`sweep` does, in one pass over each of the
+    host's tables; the uids that could not be swept, with why (each must then not be reused).
+    Processes of every uid die before anything else of any of them is removed."""
+    failures: dict[int, OSError] = {}
+    uids = {one.uid for one in identities}
+    groups = {one.gid: one.uid for one in identities}
+    looked_for = {one.uid for one in identities if one.processes}
+    stages: list[tuple[set[int], Callable[[], object]]] = [
+        (looked_for, lambda: kill_processes_of(looked_for, failures)),
+        (uids, lambda: remove_sysv_ipc(uids, groups, failures)),
+        (uids, lambda: remove_message_queues(uids, failures)),
+        (uids, lambda: remove_shared_files(uids, failures)),
+        (uids, lambda: clear_keyrings_of(uids, failures)),
+    ]
+    for concerned, stage in stages:
+        try:
+            stage()
+        except OSError as exc:
+            # Not said whose it was: every uid the stage looked for stays unswept.
+            for uid in concerned:
+                _failed(failures, uid, exc)
+    return failures
+
+
+def _failed(failures: dict[int, OSError], uid: int, exc: OSError) -> None:
+    """Record why ``uid`` could not be swept (its first reason is kept)."""
+    failures.setdefault(uid, exc)
 
 
 # ---------------------------------------------------------------- processes
 
 
-def kill_processes_of(uid: int, *, seconds: float = KILL_SECONDS) -> None:
-    """SIGKILL every live process any of whose uids is ``uid``, and wait until they are dead.
+def kill_processes_of(
+    uids: Collection[int], failures: dict[int, OSError], *, seconds: float = KILL_SECONDS
+) -> None:
+    """SIGKILL every live process any of whose uids is one of ``uids``, and wait until they
+    are dead; a uid whose processes outlive ``seconds`` goes into ``failures``.
 
     Each victim is held by a pidfd, so its death is waited on, never polled for, and a
     recycled pid is never signalled.
     """
     deadline = time.monotonic() + seconds
-    while True:
-        victims = processes_of(uid)
-        if not victims:
+    remaining = set(uids)
+    while remaining:
+        owners = processes_of(remaining)
+        if not owners:
             return
         if time.monotonic() > deadline:
-            raise OSError(f"processes of uid {uid} survived SIGKILL for {seconds:g} s: {victims}")
+            for uid in set(owners.values()):
+                survivors = sorted(pid for pid, owner in owners.items() if owner == uid)
+                _failed(
+                    failures,
+                    uid,
+                    OSError(
+                        f"processes of uid {uid} survived SIGKILL for {seconds:g} s: {survivors}"
+                    ),
+                )
+            return
         handles = []
-        for pid in victims:
+        for pid in owners:
             try:
                 handle = os.pidfd_open(pid)
             except OSError:
@@ -99,9 +157,11 @@ def kill_processes_of(uid: int, *, seconds: float = KILL_SECONDS) -> None:
                 os.close(handle)
 
 
-def processes_of(uid: int) -> list[int]:
-    """Live processes with ``uid`` among their uids: one pass over /proc."""
-    victims = []
+def processes_of(uids: Collection[int]) -> dict[int, int]:
+    """Live processes with one of ``uids`` among their uids, each to that uid: one pass over
+    /proc."""
+    victims = {}
+    wanted = {str(uid).encode() for uid in uids}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -118,22 +178,38 @@ def processes_of(uid: int) -> list[int]:
             continue
         finally:
             os.close(fd)
-        if _runs_as(status, uid):
-            victims.append(int(entry))
+        owner = _runs_as(status, wanted)
+        if owner is not None:
+            victims[int(entry)] = owner
     return victims
 
 
-def _runs_as(status: bytes, uid: int) -> bool:
-    """Whether a /proc status text is a live process with ``uid`` among its uids. A zombie
-    is already dead (it only waits for its parent to reap it) and cannot be killed again."""
-    state = b""
-    for line in status.split(b"\n"):
-        if line.startswith(b"State:"):
-            fields = line.split()
-            state = fields[1] if len(fields) > 1 else b""
-        elif line.startswith(b"Uid:"):
-            return state not in (b"Z", b"X") and str(uid).encode() in line.split()[1:]
-    return False
+def _runs_as(status: bytes, uids: Collection[bytes]) -> int | None:
+    """Which of ``uids`` (as text) a /proc status text of a live process has among its uids,
+    if any. A zombie is already dead (it only waits for its parent to reap it) and cannot be
+    killed again. Only the two lines are looked at (this runs for every process on the host
+    at every sweep); the one line a process controls, its name, comes escaped by the
+    kernel, so it cannot pass for either."""
+    uid_line = _line(status, b"\nUid:")
+    if uid_line is None:
+        return None
+    state = (_line(status, b"\nState:") or b"").split()
+    if state and state[0] in (b"Z", b"X"):
+        return None
+    for uid in uid_line.split():
+        if uid in uids:
+            return int(uid)
+    return None
+
+
+def _line(text: bytes, key: bytes) -> bytes | None:
+    """What follows ``key`` (a newline and a field name) up to the end of its line."""
+    start = text.find(key)
+    if start < 0:
+        return None
+    start += len(key)
+    end = text.find(b"\n", start)
+    return text[start:] if end < 0 else text[start:end]
 
 
 # ---------------------------------------------------------------- SysV IPC
@@ -141,14 +217,19 @@ def _runs_as(status: bytes, uid: int) -> bool:
 IPC_RMID = 0
 
 
-def remove_sysv_ipc(uid: int, gid: int) -> int:
-    """Remove every SysV object of the host's IPC namespace that the uid owns or created (the
-    creator cannot be changed, the owner can be given away), or its group does. Returns how
-    many were removed. Objects in an IPC namespace of the program's own died with it."""
+def remove_sysv_ipc(
+    uids: Collection[int], groups: dict[int, int], failures: dict[int, OSError]
+) -> int:
+    """Remove every SysV object of the host's IPC namespace that one of ``uids`` owns or
+    created (the creator cannot be changed, the owner can be given away), or one of the
+    ``groups`` (gid to its uid) does. Returns how many were removed. Objects in an IPC
+    namespace of the program's own died with it."""
+    if not uids:
+        return 0
     libc = _libc()
     removed = 0
     for kind in ("shm", "msg", "sem"):
-        for ident in _sysv_objects(kind, uid, gid):
+        for ident, uid in _sysv_objects(kind, uids, groups):
             if kind == "shm":
                 status = libc.shmctl(ident, IPC_RMID, None)
             elif kind == "msg":
@@ -159,12 +240,21 @@ def remove_sysv_ipc(uid: int, gid: int) -> int:
                 code = ctypes.get_errno()
                 if code in (errno.EINVAL, errno.EIDRM):
                     continue  # already gone
-                raise OSError(code, f"could not remove SysV {kind} {ident} of uid {uid}")
+                _failed(
+                    failures,
+                    uid,
+                    OSError(code, f"could not remove SysV {kind} {ident} of uid {uid}"),
+                )
+                continue
             removed += 1
     return removed
 
 
-def _sysv_objects(kind: str, uid: int, gid: int) -> list[int]:
+def _sysv_objects(
+    kind: str, uids: Collection[int], groups: dict[int, int]
+) -> list[tuple[int, int]]:
+    """The objects of ``kind`` one of ``uids`` or ``groups`` owns or created, each with the
+    uid it is swept for."""
     try:
         with open(f"/proc/sysvipc/{kind}") as fh:
             header, *rows = fh.read().splitlines()
@@ -175,13 +265,15 @@ def _sysv_objects(kind: str, uid: int, gid: int) -> list[int]:
     for row in rows:
         fields = row.split()
         try:
-            owners = {int(fields[columns["uid"]]), int(fields[columns["cuid"]])}
-            groups = {int(fields[columns["gid"]]), int(fields[columns["cgid"]])}
+            owners = (int(fields[columns["uid"]]), int(fields[columns["cuid"]]))
+            owning_groups = (int(fields[columns["gid"]]), int(fields[columns["cgid"]]))
             ident = int(fields[1])  # shmid, msqid or semid
         except (KeyError, IndexError, ValueError):
             continue
-        if uid in owners or gid in groups:
-            found.append(ident)
+        swept_for = [uid for uid in owners if uid in uids]
+        swept_for += [groups[gid] for gid in owning_groups if gid in groups]
+        if swept_for:
+            found.append((ident, swept_for[0]))
     return found
 
 
@@ -195,14 +287,16 @@ MS_PRIVATE = 1 << 18
 _QUEUE_MOUNT_POINT = b"/dev"
 
 
-def remove_message_queues(uid: int) -> int:
-    """Unlink the uid's POSIX message queues in the host's IPC namespace; how many.
+def remove_message_queues(uids: Collection[int], failures: dict[int, OSError]) -> int:
+    """Unlink the POSIX message queues of ``uids`` in the host's IPC namespace; how many.
 
     Queues are only listed through an mqueue filesystem, which hosts often do not mount. A
     short-lived thread mounts one in a mount namespace of its own (made private first, so
     nothing propagates to the host's), and the mount ends with the thread. 0 where that is
     not allowed (no CAP_SYS_ADMIN): such a host is documented as not sweeping queues.
     """
+    if not uids:
+        return 0
     libc = _libc()
     outcome: list[int | BaseException] = []
 
@@ -215,7 +309,7 @@ def remove_message_queues(uid: int) -> int:
             ):
                 outcome.append(0)
                 return
-            outcome.append(_remove_owned_queues(os.fsdecode(_QUEUE_MOUNT_POINT), uid))
+            outcome.append(_remove_owned_queues(os.fsdecode(_QUEUE_MOUNT_POINT), uids, failures))
         except BaseException as exc:  # handed to the caller's thread
             outcome.append(exc)
 
@@ -228,17 +322,27 @@ def remove_message_queues(uid: int) -> int:
     return result
 
 
-def _remove_owned_queues(directory: str, uid: int) -> int:
+def _remove_owned_queues(
+    directory: str, uids: Collection[int], failures: dict[int, OSError]
+) -> int:
     removed = 0
     fd = os.open(directory, DIRECTORY_FLAGS)
     try:
         for name in os.listdir(fd):
             try:
-                if os.stat(name, dir_fd=fd, follow_symlinks=False).st_uid == uid:
-                    os.unlink(name, dir_fd=fd)
-                    removed += 1
+                owner = os.stat(name, dir_fd=fd, follow_symlinks=False).st_uid
             except FileNotFoundError:
                 continue
+            if owner not in uids:
+                continue
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                _failed(failures, owner, exc)
+                continue
+            removed += 1
     finally:
         os.close(fd)
     return removed
@@ -261,10 +365,12 @@ def shared_directories() -> list[str]:
     return list(found)
 
 
-def remove_shared_files(uid: int) -> int:
-    """Remove what the uid owns in the world-writable directories (directories whole); how
+def remove_shared_files(uids: Collection[int], failures: dict[int, OSError]) -> int:
+    """Remove what ``uids`` own in the world-writable directories (directories whole); how
     many entries. Never follows a link: every step is relative to a directory descriptor,
     so a symlink the program planted is removed as a name and its target is left alone."""
+    if not uids:
+        return 0
     removed = 0
     for directory in shared_directories():
         try:
@@ -272,21 +378,27 @@ def remove_shared_files(uid: int) -> int:
         except OSError:
             continue
         try:
-            removed += _remove_owned(fd, uid, depth=0)
+            removed += _remove_owned(fd, uids, failures, depth=0)
         finally:
             os.close(fd)
     return removed
 
 
-def _remove_owned(dir_fd: int, uid: int, *, depth: int) -> int:
+def _remove_owned(
+    dir_fd: int, uids: Collection[int], failures: dict[int, OSError], *, depth: int
+) -> int:
     removed = 0
     for name in os.listdir(dir_fd):
         try:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             continue
-        if info.st_uid == uid:
-            remove_entry(dir_fd, name)
+        if info.st_uid in uids:
+            try:
+                remove_entry(dir_fd, name)
+            except OSError as exc:
+                _failed(failures, info.st_uid, exc)
+                continue
             removed += 1
         elif stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH and depth < SHARED_DEPTH:
             # Someone else's world-writable directory: the uid could have written in it.
@@ -295,7 +407,7 @@ def _remove_owned(dir_fd: int, uid: int, *, depth: int) -> int:
             except OSError:
                 continue  # swapped for something else, or gone
             try:
-                removed += _remove_owned(child, uid, depth=depth + 1)
+                removed += _remove_owned(child, uids, failures, depth=depth + 1)
             finally:
                 os.close(child)
     return removed
@@ -314,6 +426,16 @@ PR_GET_DUMPABLE = 3
 PR_SET_DUMPABLE = 4
 #: System call numbers (keyctl, setresuid) where the keyring sweep is supported.
 _SYSCALLS = {"x86_64": (250, 117), "aarch64": (219, 147)}
+
+
+def clear_keyrings_of(uids: Collection[int], failures: dict[int, OSError]) -> None:
+    """:func:`clear_keyrings` for each of ``uids`` that has keys (one read of the key table
+    for them all)."""
+    for uid in keyed(uids):
+        try:
+            clear_keyrings(uid)
+        except OSError as exc:
+            _failed(failures, uid, exc)
 
 
 def clear_keyrings(uid: int) -> bool:
@@ -373,12 +495,19 @@ def clear_keyrings(uid: int) -> bool:
 
 def has_keys(uid: int) -> bool:
     """Whether the kernel charges any key to ``uid`` (/proc/key-users lists such uids)."""
-    prefix = f"{uid}:".encode()
+    return bool(keyed([uid]))
+
+
+def keyed(uids: Collection[int]) -> list[int]:
+    """Those of ``uids`` the kernel charges any key to: one read of /proc/key-users."""
+    if not uids:
+        return []
     try:
         with open("/proc/key-users", "rb") as fh:
-            return any(line.lstrip().startswith(prefix) for line in fh)
+            listed = {line.lstrip().split(b":", 1)[0] for line in fh}
     except OSError:
-        return False
+        return []
+    return [uid for uid in uids if str(uid).encode() in listed]
 
 
 @lru_cache(maxsize=1)
