@@ -10,8 +10,9 @@ execution at its turn and performs the whole teardown (grace, kill, reap), exact
 without this thread: the strike only makes the tree start dying on time.
 
 The thread runs while a deadline is armed and exits once none is. It is woken only for a
-deadline earlier than the one it sleeps until: an execution that ends first (disarm) or whose
-program clock starts later (move) leaves it asleep, to find nothing due when it wakes. Each
+deadline earlier than the one it sleeps until, or to exit: an execution that ends while others
+run (disarm) or whose program clock starts later (move) leaves it asleep, to find nothing due
+when it wakes. Each
 wake-up costs the loop thread a hand-over of the interpreter lock, which on a busy machine can
 wait milliseconds for the woken thread to be scheduled.
 """
@@ -62,13 +63,15 @@ class Armed:
                 _lock.notify()
 
     def disarm(self) -> None:
-        """Never strike. The thread drops the entry when it comes first, and exits when none
-        is left."""
+        """Never strike. The thread drops the entry when it comes first, and exits as soon as
+        no deadline is left."""
         global _live
         with _lock:
             if self._entry is not None:
                 _live -= 1
             self._entry = None
+            if not _live:
+                _lock.notify()  # the last one: the thread exits now, not at its old deadline
 
 
 def arm(delay_seconds: float, strike: Callable[[], None]) -> Armed:
