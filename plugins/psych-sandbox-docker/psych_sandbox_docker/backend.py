@@ -58,6 +58,7 @@ from pydantic import Field, field_validator
 
 from . import api
 from . import engine as eng
+from .container_init import ContainerInit
 from .image import DEFAULT_TAG
 
 MiB = 1024 * 1024
@@ -72,8 +73,13 @@ INTERPRETER = "/usr/bin/python3.11"
 #: How long a container may take to start and its bootstrap to connect. Cold gVisor start
 #: on a loaded host is the slowest case seen (about a second); the margin is for load.
 STARTUP_SECONDS = 30.0
-#: How long teardown waits for the engine to report the exit of a container it killed.
+#: How long teardown waits for the engine to report the exit of a container it killed, or
+#: for the container's init to exit once the host killed it itself.
 EXIT_REPORT_SECONDS = 10.0
+#: Deadline of the inspection that names the container's init (made while the bootstrap
+#: starts, so on a quiet host nobody waits for it); past it the container is killed through
+#: the engine instead.
+INIT_LOOKUP_SECONDS = 5.0
 #: Deadlines of the kill and removal requests (the engine unmounts and deletes the
 #: container's layer during removal; under load that can take seconds).
 KILL_SECONDS = 10.0
@@ -463,12 +469,19 @@ class _ContainerChannel(UnixSocketChannel):
 class _Demux:
     """Splits the engine's multiplexed output into stdout and stderr, on demand: whichever
     reader needs bytes reads the next frame and keeps what belongs to the other. No task of
-    its own, so nothing outlives the launch context; reads are safe to cancel."""
+    its own, so nothing outlives the launch context; reads are safe to cancel.
+
+    A stream given a seal (container_init.py) ends where the seal arrives: until then the
+    last bytes that could be the start of the seal are held back, and the seal is not
+    output."""
 
     def __init__(self) -> None:
         self.attached: api.OpenResponse | None = None
         self._pending = {api.STDOUT: bytearray(), api.STDERR: bytearray()}
         self._closed: set[int] = set()
+        self._seals: dict[int, bytes] = {}
+        #: Streams whose seal arrived: what is pending there is all that is left of them.
+        self._sealed: set[int] = set()
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
         self.ended = False
@@ -479,16 +492,37 @@ class _Demux:
         self._changed.set()
         self._changed = anyio.Event()
 
+    def seal(self, kind: int, token: bytes) -> None:
+        """End stream ``kind`` where ``token`` arrives."""
+        self._seals[kind] = token
+        self._notify()
+
+    def _available(self, kind: int) -> int:
+        """How many pending bytes of stream ``kind`` may be handed over now."""
+        pending = self._pending[kind]
+        token = self._seals.get(kind)
+        if token is None or kind in self._sealed or self.ended:
+            return len(pending)
+        at = pending.find(token)
+        if at >= 0:
+            # Nothing of the container was left to write after it.
+            del pending[at:]
+            self._sealed.add(kind)
+            return len(pending)
+        # The seal may have begun to arrive.
+        return max(0, len(pending) - len(token) + 1)
+
     async def receive(self, kind: int, max_bytes: int) -> bytes:
         other = api.STDERR if kind == api.STDOUT else api.STDOUT
         while True:
             pending = self._pending[kind]
-            if pending:
-                data = bytes(pending[:max_bytes])
-                del pending[:max_bytes]
+            available = min(self._available(kind), max_bytes)
+            if available:
+                data = bytes(pending[:available])
+                del pending[:available]
                 self._notify()
                 return data
-            if self.ended or self.attached is None:
+            if self.ended or self.attached is None or kind in self._sealed:
                 raise anyio.EndOfStream
             if self._lock.locked() or len(self._pending[other]) >= PENDING_OUTPUT_BYTES:
                 # Another reader is reading a frame, or the other stream's reader has not
@@ -505,7 +539,7 @@ class _Demux:
                     frame = None
                 if frame is None:
                     self.ended = True
-                elif frame[0] not in self._closed:
+                elif frame[0] not in self._closed and frame[0] not in self._sealed:
                     self._pending[frame[0]] += frame[1]
             self._notify()
 
@@ -572,6 +606,11 @@ class _Container(Launched):
         #: (stopped, restarted, crashed) during the execution.
         self._engine_lost: str | None = None
         self._waiter: api.OpenResponse | None = None
+        #: The container's init, held by a pidfd once verified (root host, Docker engine):
+        #: the host kills the container through it, and sees it ended, without the engine.
+        self._init: ContainerInit | None = None
+        #: Whether the host saw the init end after killing it (the whole container with it).
+        self._ended_by_host = False
         self._demux = _Demux()
         self.stdout = _OutputStream(self._demux, api.STDOUT)
         self.stderr = _OutputStream(self._demux, api.STDERR)
@@ -645,16 +684,44 @@ class _Container(Launched):
             self._exited.set()
 
     async def started(self) -> None:
-        """Return once the bootstrap has connected; raise BackendUnavailable, quoting the
-        engine, if the container ended first."""
-        await wait_started(
-            self, self.channel.accept_early, lambda: self.channel.early is not None,
-            seconds=STARTUP_SECONDS, stderr_bytes=STARTUP_STDERR_BYTES,
-            failure=lambda status, said: (
-                f"the {self.backend.engine} engine's container ended before the sandboxed "
-                f"interpreter connected ({status.describe()}): {said}"
-            ),
-        )
+        """Return once the bootstrap has connected and the container's init is held (or
+        could not be); raise BackendUnavailable, quoting the engine, if the container ended
+        first."""
+        async with anyio.create_task_group() as group:
+            # While the interpreter starts: on a quiet host the lookup is over first.
+            group.start_soon(self._take_init)
+            await wait_started(
+                self, self.channel.accept_early, lambda: self.channel.early is not None,
+                seconds=STARTUP_SECONDS, stderr_bytes=STARTUP_STDERR_BYTES,
+                failure=lambda status, said: (
+                    f"the {self.backend.engine} engine's container ended before the sandboxed "
+                    f"interpreter connected ({status.describe()}): {said}"
+                ),
+            )
+
+    async def _take_init(self) -> None:
+        """Hold the container's init by a pidfd, before any program exists. Only a root
+        host may signal the container's processes; the pid is the Docker engine's word,
+        checked against the kernel's (container_init.py). Without it the engine kills."""
+        if not self.backend.is_root or self.backend.engine != "docker" or self._id is None:
+            return
+        try:
+            inspected = (await self.client.request(
+                "GET", f"/containers/{self._ref}/json", timeout=INIT_LOOKUP_SECONDS
+            )).json()
+        except api.EngineError:
+            return
+        state = inspected.get("State") if isinstance(inspected, dict) else None
+        pid = state.get("Pid") if isinstance(state, dict) else None
+        if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+            self._init = ContainerInit.take(
+                pid, self._id, namespace_init=self.backend.options.runtime == "runc"
+            )
+
+    def terminate_from_thread(self) -> None:
+        # At the deadline itself, whatever the event loop is doing.
+        if self._init is not None:
+            self._init.kill()
 
     async def terminate(self, grace_seconds: float) -> None:
         # Nothing in an untrusted container is worth a grace window: kill it whole.
@@ -664,6 +731,11 @@ class _Container(Launched):
         if self._killed or self._id is None:
             return
         self._killed = True
+        if self._init is not None:
+            # The host's own kill, at once; the engine learns of the exit by itself, and its
+            # removal at teardown follows after the result was handed back.
+            self._init.kill()
+            return
         # 404 (gone) and 409 (not running) both mean there is nothing left to kill.
         try:
             await self.client.request(
@@ -683,6 +755,16 @@ class _Container(Launched):
             try:
                 if self._id is not None and not self._exited.is_set():
                     await self._kill()
+                    if self._init is not None and await self._init.wait_ended(
+                        EXIT_REPORT_SECONDS
+                    ):
+                        # Killed by the host and seen ended by it: no process of the
+                        # container is left, and the engine's report would add nothing the
+                        # result needs (an out-of-memory end cannot outrank the kill).
+                        self._ended_by_host = True
+                        self._seal_output()
+                        self._status = self._interpret({})
+                        return self._status
                     with anyio.move_on_after(EXIT_REPORT_SECONDS):
                         await self.wait_exited()
                 # A clean exit needs no inspection (the bootstrap exits 0 only after its
@@ -707,6 +789,14 @@ class _Container(Launched):
             status = self._interpret(state)
         self._status = status
         return status
+
+    def _seal_output(self) -> None:
+        """End each output stream at a seal written after the container's end (see
+        container_init.py), instead of when the engine gets round to closing it."""
+        assert self._init is not None
+        for kind, token in zip((api.STDOUT, api.STDERR), self._init.seal(), strict=True):
+            if token is not None:
+                self._demux.seal(kind, token)
 
     async def remove(self) -> None:
         """Force-remove the container with its anonymous volumes; the engine kills whatever
@@ -738,6 +828,8 @@ class _Container(Launched):
                 self.backend.unremoved.add(ref)
 
     async def close_streams(self) -> None:
+        if self._init is not None:
+            self._init.close()
         for opened in (self._demux.attached, self._waiter):
             if opened is not None:
                 await opened.aclose()
@@ -799,8 +891,10 @@ class _Container(Launched):
             peak_memory_bytes=peak,
             failure_hint=hint,
             # The engine reports the exit once the container's init is gone, and with it its
-            # pid namespace: every process of the container.
-            tree_ended=True if self._exited.is_set() and self._exit_code is not None else None,
+            # pid namespace: every process of the container (so does the init's pidfd).
+            tree_ended=True if self._ended_by_host or (
+                self._exited.is_set() and self._exit_code is not None
+            ) else None,
         )
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
