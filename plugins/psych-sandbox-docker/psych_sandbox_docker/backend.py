@@ -236,13 +236,14 @@ class DockerBackend(
         return None
 
     def bare_command(self) -> list[str]:
-        """A bare ``run`` of ``print(2+2)`` in the same image and runtime, without any of the
-        backend's hardening or protocol: what the engine alone costs, for benchmarks."""
+        """A bare ``run`` of the interpreter's start-up (``-I -c pass``) in the same image and
+        runtime, without any of the backend's hardening or protocol: what the engine and the
+        interpreter alone cost, the floor a cold execution is compared with in benchmarks."""
         assert self.cli is not None
         return [
             self.cli, "run", "--rm", "--pull", "never", "--network", "none",
             "--runtime", self.options.runtime, self.options.image,
-            INTERPRETER, "-I", "-c", "print(2+2)",
+            INTERPRETER, "-I", "-c", "pass",
         ]
 
     # ------------------------------------------------------------------ mechanisms and container
@@ -647,6 +648,7 @@ class _Container(Launched):
             raise BackendUnavailable(f"the {engine} engine's create answer names no container "
                                      f"id: {created.body[:200]!r}")
         self._id = ident
+        mark("container created")
         try:
             self._demux.attached = await self.client.open(
                 "POST", f"/containers/{self._ref}/attach",
