@@ -168,6 +168,11 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int) -> 
         for _ in range(runs):
             floor.append(time_command(floor_argv))
             awaiting_floor.append(time_command([*floor_argv[:-1], AWAITING_BARE]))
+            # Neither the cold execution nor its bare equivalent shares the machine (or a
+            # container engine) with the warm pool refilling in the background.
+            await sandbox.warmed("warm")
+            if bare_command is not None:
+                bare.append(time_command(bare_command()))
             cold.append(await time_run(sandbox, "cold", marks=cold_marks))
             await sandbox.warmed("warm")  # low load: the next child is ready, and idle
             await anyio.sleep(idle)
@@ -177,8 +182,6 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int) -> 
                 await sandbox.warmed("warm")
                 await anyio.sleep(idle)
                 awaiting[name][1].append(await time_run(sandbox, "warm", program))
-            if bare_command is not None:
-                bare.append(time_command(bare_command()))
         bare_rate = await processes_per_second(floor_argv, concurrency, runs * 4)
         rate = await executions_per_second(sandbox, "warm", concurrency, runs * 4)
         bare_rate = (bare_rate + await processes_per_second(floor_argv, concurrency, runs * 4)) / 2
