@@ -472,15 +472,15 @@ class _Demux:
     reader needs bytes reads the next frame and keeps what belongs to the other. No task of
     its own, so nothing outlives the launch context; reads are safe to cancel.
 
-    A stream given a seal (container_init.py) ends where the seal arrives: until then the
-    last bytes that could be the start of the seal are held back, and the seal is not
-    output."""
+    Once given the seals (container_init.py: one per output pipe, written after the
+    container's end), each stream ends where one of them arrives: until then the last bytes
+    that could be the start of one are held back, and the seal is not output."""
 
     def __init__(self) -> None:
         self.attached: api.OpenResponse | None = None
         self._pending = {api.STDOUT: bytearray(), api.STDERR: bytearray()}
         self._closed: set[int] = set()
-        self._seals: dict[int, bytes] = {}
+        self._seals: list[bytes] = []
         #: Streams whose seal arrived: what is pending there is all that is left of them.
         self._sealed: set[int] = set()
         self._lock = anyio.Lock()
@@ -493,25 +493,24 @@ class _Demux:
         self._changed.set()
         self._changed = anyio.Event()
 
-    def seal(self, kind: int, token: bytes) -> None:
-        """End stream ``kind`` where ``token`` arrives."""
-        self._seals[kind] = token
+    def seal(self, tokens: list[bytes]) -> None:
+        """End each stream where one of ``tokens`` (all of one length) arrives."""
+        self._seals = tokens
         self._notify()
 
     def _available(self, kind: int) -> int:
         """How many pending bytes of stream ``kind`` may be handed over now."""
         pending = self._pending[kind]
-        token = self._seals.get(kind)
-        if token is None or kind in self._sealed or self.ended:
+        if not self._seals or kind in self._sealed or self.ended:
             return len(pending)
-        at = pending.find(token)
-        if at >= 0:
+        found = [at for at in map(pending.find, self._seals) if at >= 0]
+        if found:
             # Nothing of the container was left to write after it.
-            del pending[at:]
+            del pending[min(found):]
             self._sealed.add(kind)
             return len(pending)
-        # The seal may have begun to arrive.
-        return max(0, len(pending) - len(token) + 1)
+        # A seal may have begun to arrive.
+        return max(0, len(pending) - len(self._seals[0]) + 1)
 
     async def receive(self, kind: int, max_bytes: int) -> bytes:
         other = api.STDERR if kind == api.STDOUT else api.STDOUT
@@ -796,9 +795,9 @@ class _Container(Launched):
         """End each output stream at a seal written after the container's end (see
         container_init.py), instead of when the engine gets round to closing it."""
         assert self._init is not None
-        for kind, token in zip((api.STDOUT, api.STDERR), self._init.seal(), strict=True):
-            if token is not None:
-                self._demux.seal(kind, token)
+        tokens = self._init.seal()
+        if tokens:
+            self._demux.seal(tokens)
 
     async def remove(self) -> None:
         """Force-remove the container with its anonymous volumes; the engine kills whatever

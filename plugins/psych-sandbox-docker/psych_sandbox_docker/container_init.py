@@ -17,13 +17,16 @@ every process of the program is a task of that Sentry, and its host helpers get 
 parent-death SIGKILL as it exits, so its exit ends everything that could act for the program;
 the engine's own exit report rests on the same exit.
 
-The seal (runc only). The container's output reaches the host through pipes the engine's
-shim reads and the engine relays; the engine closes the attached stream only after it has
-processed the container's exit, tens to hundreds of milliseconds later. At the kill, the
-host opens the write ends of those pipes through the init (checked to be the very pipes the
-init had when it was taken), and once the init is seen ended, with no process of the
-container left, writes a random token, made only then, to each and closes them: whatever the
-container wrote comes before it, and nothing can come after it, so the stream ends there.
+The seal. The container's output reaches the host through two pipes the engine's shim (the
+init's parent) reads and the engine relays; the engine closes the attached stream only after
+it has processed the container's exit, tens to hundreds of milliseconds later. When the init
+is taken, the host notes those pipes: the ones the init holds for writing and its parent for
+reading only (under runc the init's stdout and stderr; under gVisor the Sentry's copies of
+them); exactly two, or none is used. At the kill, it opens their write ends through the init
+(checked to be the very pipes noted), and once the init is seen ended, with no process of the
+container left to write, writes a random token, made only then, to each and closes them:
+whatever the container wrote comes before it, and nothing after it, so each stream ends at
+the token that arrives in it.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ import anyio
 
 #: The seal's bytes: a NUL and a token, shorter than PIPE_BUF, so a write of it is atomic.
 SEAL_PREFIX = b"\0psych-sandbox-docker-seal:"
-#: The container's output streams, as the init's file descriptors.
-OUTPUT_FDS = (1, 2)
+#: The container's output streams: stdout and stderr.
+OUTPUTS = 2
 
 
 class _NotTheInit(Exception):
@@ -50,10 +53,11 @@ class _NotTheInit(Exception):
 class ContainerInit:
     """A pidfd on one container's init, verified, and (runc) its output pipes' identity."""
 
-    def __init__(self, pid: int, pidfd: int, pipes: tuple[tuple[int, int], ...] | None) -> None:
+    def __init__(self, pid: int, pidfd: int, pipes: list[tuple[int, int, int]] | None) -> None:
         self.pid = pid
         self._pidfd = pidfd
-        #: (device, inode) of the init's stdout and stderr pipes when it was taken.
+        #: (descriptor, device, inode) of the container's output pipes in the init, noted
+        #: when it was taken.
         self._pipes = pipes
         #: Write ends of those pipes, opened at the kill, closed at the seal.
         self._writers: list[int] = []
@@ -65,8 +69,7 @@ class ContainerInit:
     @classmethod
     def take(cls, pid: int, container_id: str, *, namespace_init: bool) -> ContainerInit | None:
         """The process ``pid`` if it is the container's init (see the module's docstring),
-        else None. ``namespace_init``: it must be pid 1 of its own pid namespace (runc), and
-        its stdout and stderr pipes are noted for the seal."""
+        else None. ``namespace_init``: it must be pid 1 of its own pid namespace (runc)."""
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:
@@ -74,17 +77,20 @@ class ContainerInit:
         try:
             if not _in_cgroup_of(pid, container_id):
                 raise _NotTheInit
-            pipes = None
-            if namespace_init:
-                if not _is_namespace_init(pid):
-                    raise _NotTheInit
-                pipes = _pipes_of(pid)
+            if namespace_init and not _is_namespace_init(pid):
+                raise _NotTheInit
+            pipes = _output_pipes(pid)
             # Still alive, so everything read above through its pid was read of it.
             signal.pidfd_send_signal(pidfd, 0)
         except (OSError, ValueError, _NotTheInit):
             os.close(pidfd)
             return None
         return cls(pid, pidfd, pipes)
+
+    @property
+    def can_seal(self) -> bool:
+        """Whether the container's two output pipes were found, so its streams can be sealed."""
+        return self._pipes is not None
 
     def kill(self) -> None:
         """SIGKILL the init (the kernel then kills the rest of the container). Thread-safe,
@@ -112,22 +118,22 @@ class ContainerInit:
             return True
         return False
 
-    def seal(self) -> tuple[bytes | None, ...]:
+    def seal(self) -> list[bytes]:
         """Once the init has ended: a fresh token written to each output pipe opened at the
-        kill, which is then closed; per output stream, the token, or None where none was
-        written (the stream then ends when the engine closes it)."""
+        kill, which is then closed; the tokens written (a stream that gets none ends when
+        the engine closes it)."""
         with self._lock:
             writers, self._writers = self._writers, []
-        tokens: list[bytes | None] = []
+        tokens = []
         for fd in writers:
             token = SEAL_PREFIX + secrets.token_hex(16).encode("ascii")
             try:
-                written = os.write(fd, token)
+                if os.write(fd, token) == len(token):
+                    tokens.append(token)
             except OSError:
-                written = 0  # the pipe is full (the shim is behind): no seal on it
-            tokens.append(token if written == len(token) else None)
+                pass  # the pipe is full (the shim is behind): no seal on it
             os.close(fd)
-        return tuple(tokens) or (None,) * len(OUTPUT_FDS)
+        return tokens
 
     def _close_writers(self) -> None:
         for fd in self._writers:
@@ -164,28 +170,52 @@ def _is_namespace_init(pid: int) -> bool:
     return False
 
 
-def _pipes_of(pid: int) -> tuple[tuple[int, int], ...] | None:
-    """The (device, inode) of the init's stdout and stderr when both are pipes."""
-    found = []
-    for fd in OUTPUT_FDS:
-        info = os.stat(f"/proc/{pid}/fd/{fd}")
-        if not stat.S_ISFIFO(info.st_mode):
-            return None
-        found.append((info.st_dev, info.st_ino))
-    return tuple(found)
+def _pipes(pid: int | str, access: int) -> dict[tuple[int, int], int]:
+    """The pipes ``pid`` holds open with ``access`` (os.O_RDONLY or os.O_WRONLY): (device,
+    inode) to the lowest descriptor."""
+    found: dict[tuple[int, int], int] = {}
+    for entry in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            info = os.stat(f"/proc/{pid}/fd/{entry}")
+            with open(f"/proc/{pid}/fdinfo/{entry}") as fdinfo:
+                line = next(line for line in fdinfo if line.startswith("flags:"))
+            flags = int(line.split()[1], 8)
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue  # closed meanwhile
+        if stat.S_ISFIFO(info.st_mode) and flags & os.O_ACCMODE == access:
+            found.setdefault((info.st_dev, info.st_ino), int(entry))
+    return found
 
 
-def _open_writers(pid: int, pipes: tuple[tuple[int, int], ...]) -> list[int]:
-    """Write ends of the init's output pipes, if they are still the pipes noted at its
-    taking (a program that rewired the init's descriptors gets no seal); else none."""
+def _output_pipes(pid: int) -> list[tuple[int, int, int]] | None:
+    """The container's two output pipes as the init holds them (descriptor, device, inode):
+    held by it for writing and by its parent, the engine's shim, for reading only. None
+    unless there are exactly two."""
+    with open(f"/proc/{pid}/status") as lines:
+        parent = next((line.split()[1] for line in lines if line.startswith("PPid:")), "0")
+    if parent == "0":
+        return None
+    written = _pipes(pid, os.O_WRONLY)
+    read = _pipes(parent, os.O_RDONLY)
+    both_ways = _pipes(parent, os.O_WRONLY)
+    found = sorted(
+        (fd, *pipe) for pipe, fd in written.items() if pipe in read and pipe not in both_ways
+    )
+    return found if len(found) == OUTPUTS else None
+
+
+def _open_writers(pid: int, pipes: list[tuple[int, int, int]]) -> list[int]:
+    """Write ends of the container's output pipes through the init, if they are still the
+    pipes noted at its taking (a program that rewired the init's descriptors gets no seal);
+    else none."""
     opened: list[int] = []
     try:
-        for fd, expected in zip(OUTPUT_FDS, pipes, strict=True):
+        for fd, *expected in pipes:
             opened.append(
                 os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             )
             info = os.fstat(opened[-1])
-            if (info.st_dev, info.st_ino) != expected:
+            if [info.st_dev, info.st_ino] != expected:
                 raise _NotTheInit
     except (OSError, _NotTheInit):
         for fd in opened:

@@ -71,8 +71,10 @@ async def test_a_timed_out_container_is_killed_by_the_host(
         return len(live_in_containers())
 
     bindings = FunctionBindings({"processes": processes})
+    # Room for the program's writes before its deadline on a loaded host.
+    limits = {"wall_seconds": 3.0, "grace_seconds": 0.2}
     with recording() as reached:
-        async with Sandbox(config(runtime, wall_seconds=1.0, grace_seconds=0.2)) as sandbox:
+        async with Sandbox(config(runtime, **limits)) as sandbox:
             result = await sandbox.run(PROGRAM, profile=PROFILE, bindings=bindings)
             # The kernel's word the moment the result is back (the engine may not yet have
             # noticed the container's end; its removal follows).
@@ -134,7 +136,7 @@ async def test_only_the_containers_own_init_is_taken() -> None:
         assert ContainerInit.take(int(children[0]), container, namespace_init=True) is None
         assert ContainerInit.take(pid, other, namespace_init=True) is None
         taken = ContainerInit.take(pid, container, namespace_init=True)
-        assert taken is not None
+        assert taken is not None and taken.can_seal
         taken.close()
     finally:
         subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=60)
@@ -158,7 +160,7 @@ async def test_a_stream_ends_at_its_seal_split_across_frames() -> None:
     demux.attached = _Frames(  # type: ignore[assignment]
         [(api.STDOUT, b"abc" + token[:5]), (api.STDERR, b"e"), (api.STDOUT, token[5:]), *later]
     )
-    demux.seal(api.STDOUT, token)
+    demux.seal([SEAL_PREFIX + b"e" * 32, token])
     received = b""
     with anyio.fail_after(5):
         while True:
