@@ -737,6 +737,9 @@ class _Container(Launched):
             # removal at teardown follows after the result was handed back.
             self._init.kill()
             return
+        await self._engine_kill()
+
+    async def _engine_kill(self) -> None:
         # 404 (gone) and 409 (not running) both mean there is nothing left to kill.
         try:
             await self.client.request(
@@ -766,6 +769,8 @@ class _Container(Launched):
                         self._seal_output()
                         self._status = self._interpret({})
                         return self._status
+                    if self._init is not None:
+                        await self._engine_kill()  # never seen to end: the engine's turn
                     with anyio.move_on_after(EXIT_REPORT_SECONDS):
                         await self.wait_exited()
                 # A clean exit needs no inspection (the bootstrap exits 0 only after its
