@@ -72,7 +72,7 @@ async def test_a_timed_out_container_is_killed_by_the_host(
 
     bindings = FunctionBindings({"processes": processes})
     # Room for the program's writes before its deadline on a loaded host.
-    limits = {"wall_seconds": 3.0, "grace_seconds": 0.2}
+    limits = {"wall_seconds": 2.0, "grace_seconds": 0.2}
     with recording() as reached:
         async with Sandbox(config(runtime, **limits)) as sandbox:
             result = await sandbox.run(PROGRAM, profile=PROFILE, bindings=bindings)
