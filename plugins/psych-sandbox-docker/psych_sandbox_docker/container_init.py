@@ -1,7 +1,7 @@
 """A container's init as the host holds it: a pidfd through which the host kills the whole
 container at its deadline itself, without the engine (whose kill request takes one to three
-seconds on a loaded host), and, under runc, the seal that ends its output streams once
-nothing of the container is left to write.
+seconds on a loaded host), and the seal that ends its output streams once nothing of the
+container is left to write.
 
 The pid to take comes from the engine's inspection, and is only a hint: the process is
 taken only if, between opening a pidfd on it and seeing it still alive through that pidfd,
@@ -51,7 +51,7 @@ class _NotTheInit(Exception):
 
 
 class ContainerInit:
-    """A pidfd on one container's init, verified, and (runc) its output pipes' identity."""
+    """A pidfd on one container's init, verified, and its output pipes' identity."""
 
     def __init__(self, pid: int, pidfd: int, pipes: list[tuple[int, int, int]] | None) -> None:
         self.pid = pid
