@@ -59,6 +59,7 @@ from pydantic import Field, field_validator
 
 from . import api
 from . import engine as eng
+from .container_init import ContainerInit
 from .image import DEFAULT_TAG
 
 MiB = 1024 * 1024
@@ -73,8 +74,13 @@ INTERPRETER = "/usr/bin/python3.11"
 #: How long a container may take to start and its bootstrap to connect. Cold gVisor start
 #: on a loaded host is the slowest case seen (about a second); the margin is for load.
 STARTUP_SECONDS = 30.0
-#: How long teardown waits for the engine to report the exit of a container it killed.
+#: How long teardown waits for the engine to report the exit of a container it killed, or
+#: for the container's init to exit once the host killed it itself.
 EXIT_REPORT_SECONDS = 10.0
+#: Deadline of the inspection that names the container's init (made while the bootstrap
+#: starts, so on a quiet host nobody waits for it); past it the container is killed through
+#: the engine instead.
+INIT_LOOKUP_SECONDS = 5.0
 #: Deadlines of the kill and removal requests (the engine unmounts and deletes the
 #: container's layer during removal; under load that can take seconds).
 KILL_SECONDS = 10.0
@@ -231,13 +237,14 @@ class DockerBackend(
         return None
 
     def bare_command(self) -> list[str]:
-        """A bare ``run`` of ``print(2+2)`` in the same image and runtime, without any of the
-        backend's hardening or protocol: what the engine alone costs, for benchmarks."""
+        """A bare ``run`` of the interpreter's start-up (``-I -c pass``) in the same image and
+        runtime, without any of the backend's hardening or protocol: what the engine and the
+        interpreter alone cost, the floor a cold execution is compared with in benchmarks."""
         assert self.cli is not None
         return [
             self.cli, "run", "--rm", "--pull", "never", "--network", "none",
             "--runtime", self.options.runtime, self.options.image,
-            INTERPRETER, "-I", "-c", "print(2+2)",
+            INTERPRETER, "-I", "-c", "pass",
         ]
 
     # ------------------------------------------------------------------ mechanisms and container
@@ -467,12 +474,19 @@ class _ContainerChannel(UnixSocketChannel):
 class _Demux:
     """Splits the engine's multiplexed output into stdout and stderr, on demand: whichever
     reader needs bytes reads the next frame and keeps what belongs to the other. No task of
-    its own, so nothing outlives the launch context; reads are safe to cancel."""
+    its own, so nothing outlives the launch context; reads are safe to cancel.
+
+    Once given the seals (container_init.py: one per output pipe, written after the
+    container's end), each stream ends where one of them arrives: until then the last bytes
+    that could be the start of one are held back, and the seal is not output."""
 
     def __init__(self) -> None:
         self.attached: api.OpenResponse | None = None
         self._pending = {api.STDOUT: bytearray(), api.STDERR: bytearray()}
         self._closed: set[int] = set()
+        self._seals: list[bytes] = []
+        #: Streams whose seal arrived: what is pending there is all that is left of them.
+        self._sealed: set[int] = set()
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
         self.ended = False
@@ -483,16 +497,36 @@ class _Demux:
         self._changed.set()
         self._changed = anyio.Event()
 
+    def seal(self, tokens: list[bytes]) -> None:
+        """End each stream where one of ``tokens`` (all of one length) arrives."""
+        self._seals = tokens
+        self._notify()
+
+    def _available(self, kind: int) -> int:
+        """How many pending bytes of stream ``kind`` may be handed over now."""
+        pending = self._pending[kind]
+        if not self._seals or kind in self._sealed or self.ended:
+            return len(pending)
+        found = [at for at in map(pending.find, self._seals) if at >= 0]
+        if found:
+            # Nothing of the container was left to write after it.
+            del pending[min(found):]
+            self._sealed.add(kind)
+            return len(pending)
+        # A seal may have begun to arrive.
+        return max(0, len(pending) - len(self._seals[0]) + 1)
+
     async def receive(self, kind: int, max_bytes: int) -> bytes:
         other = api.STDERR if kind == api.STDOUT else api.STDOUT
         while True:
             pending = self._pending[kind]
-            if pending:
-                data = bytes(pending[:max_bytes])
-                del pending[:max_bytes]
+            available = min(self._available(kind), max_bytes)
+            if available:
+                data = bytes(pending[:available])
+                del pending[:available]
                 self._notify()
                 return data
-            if self.ended or self.attached is None:
+            if self.ended or self.attached is None or kind in self._sealed:
                 raise anyio.EndOfStream
             if self._lock.locked() or len(self._pending[other]) >= PENDING_OUTPUT_BYTES:
                 # Another reader is reading a frame, or the other stream's reader has not
@@ -509,7 +543,7 @@ class _Demux:
                     frame = None
                 if frame is None:
                     self.ended = True
-                elif frame[0] not in self._closed:
+                elif frame[0] not in self._closed and frame[0] not in self._sealed:
                     self._pending[frame[0]] += frame[1]
             self._notify()
 
@@ -576,6 +610,11 @@ class _Container(Launched):
         #: (stopped, restarted, crashed) during the execution.
         self._engine_lost: str | None = None
         self._waiter: api.OpenResponse | None = None
+        #: The container's init, held by a pidfd once verified (root host, Docker engine):
+        #: the host kills the container through it, and sees it ended, without the engine.
+        self._init: ContainerInit | None = None
+        #: Whether the host saw the init end after killing it (the whole container with it).
+        self._ended_by_host = False
         self._demux = _Demux()
         self.stdout = _OutputStream(self._demux, api.STDOUT)
         self.stderr = _OutputStream(self._demux, api.STDERR)
@@ -612,6 +651,7 @@ class _Container(Launched):
             raise BackendUnavailable(f"the {engine} engine's create answer names no container "
                                      f"id: {created.body[:200]!r}")
         self._id = ident
+        mark("container created")
         try:
             self._demux.attached = await self.client.open(
                 "POST", f"/containers/{self._ref}/attach",
@@ -649,16 +689,44 @@ class _Container(Launched):
             self._exited.set()
 
     async def started(self) -> None:
-        """Return once the bootstrap has connected; raise BackendUnavailable, quoting the
-        engine, if the container ended first."""
-        await wait_started(
-            self, self.channel.accept_early, lambda: self.channel.early is not None,
-            seconds=STARTUP_SECONDS, stderr_bytes=STARTUP_STDERR_BYTES,
-            failure=lambda status, said: (
-                f"the {self.backend.engine} engine's container ended before the sandboxed "
-                f"interpreter connected ({status.describe()}): {said}"
-            ),
-        )
+        """Return once the bootstrap has connected and the container's init is held (or
+        could not be); raise BackendUnavailable, quoting the engine, if the container ended
+        first."""
+        async with anyio.create_task_group() as group:
+            # While the interpreter starts: on a quiet host the lookup is over first.
+            group.start_soon(self._take_init)
+            await wait_started(
+                self, self.channel.accept_early, lambda: self.channel.early is not None,
+                seconds=STARTUP_SECONDS, stderr_bytes=STARTUP_STDERR_BYTES,
+                failure=lambda status, said: (
+                    f"the {self.backend.engine} engine's container ended before the sandboxed "
+                    f"interpreter connected ({status.describe()}): {said}"
+                ),
+            )
+
+    async def _take_init(self) -> None:
+        """Hold the container's init by a pidfd, before any program exists. Only a root
+        host may signal the container's processes; the pid is the Docker engine's word,
+        checked against the kernel's (container_init.py). Without it the engine kills."""
+        if not self.backend.is_root or self.backend.engine != "docker" or self._id is None:
+            return
+        try:
+            inspected = (await self.client.request(
+                "GET", f"/containers/{self._ref}/json", timeout=INIT_LOOKUP_SECONDS
+            )).json()
+        except api.EngineError:
+            return
+        state = inspected.get("State") if isinstance(inspected, dict) else None
+        pid = state.get("Pid") if isinstance(state, dict) else None
+        if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+            self._init = ContainerInit.take(
+                pid, self._id, namespace_init=self.backend.options.runtime == "runc"
+            )
+
+    def terminate_from_thread(self) -> None:
+        # At the deadline itself, whatever the event loop is doing.
+        if self._init is not None:
+            self._init.kill()
 
     async def terminate(self, grace_seconds: float) -> None:
         # Nothing in an untrusted container is worth a grace window: kill it whole.
@@ -668,6 +736,14 @@ class _Container(Launched):
         if self._killed or self._id is None:
             return
         self._killed = True
+        if self._init is not None:
+            # The host's own kill, at once; the engine learns of the exit by itself, and its
+            # removal at teardown follows after the result was handed back.
+            self._init.kill()
+            return
+        await self._engine_kill()
+
+    async def _engine_kill(self) -> None:
         # 404 (gone) and 409 (not running) both mean there is nothing left to kill.
         try:
             await self.client.request(
@@ -687,6 +763,18 @@ class _Container(Launched):
             try:
                 if self._id is not None and not self._exited.is_set():
                     await self._kill()
+                    if self._init is not None and await self._init.wait_ended(
+                        EXIT_REPORT_SECONDS
+                    ):
+                        # Killed by the host and seen ended by it: no process of the
+                        # container is left, and the engine's report would add nothing the
+                        # result needs (an out-of-memory end cannot outrank the kill).
+                        self._ended_by_host = True
+                        self._seal_output()
+                        self._status = self._interpret({})
+                        return self._status
+                    if self._init is not None:
+                        await self._engine_kill()  # never seen to end: the engine's turn
                     with anyio.move_on_after(EXIT_REPORT_SECONDS):
                         await self.wait_exited()
                 # A clean exit needs no inspection (the bootstrap exits 0 only after its
@@ -711,6 +799,14 @@ class _Container(Launched):
             status = self._interpret(state)
         self._status = status
         return status
+
+    def _seal_output(self) -> None:
+        """End each output stream at a seal written after the container's end (see
+        container_init.py), instead of when the engine gets round to closing it."""
+        assert self._init is not None
+        tokens = self._init.seal()
+        if tokens:
+            self._demux.seal(tokens)
 
     async def remove(self) -> None:
         """Force-remove the container with its anonymous volumes; the engine kills whatever
@@ -742,6 +838,8 @@ class _Container(Launched):
                 self.backend.unremoved.add(ref)
 
     async def close_streams(self) -> None:
+        if self._init is not None:
+            self._init.close()
         for opened in (self._demux.attached, self._waiter):
             if opened is not None:
                 await opened.aclose()
@@ -803,8 +901,10 @@ class _Container(Launched):
             peak_memory_bytes=peak,
             failure_hint=hint,
             # The engine reports the exit once the container's init is gone, and with it its
-            # pid namespace: every process of the container.
-            tree_ended=True if self._exited.is_set() and self._exit_code is not None else None,
+            # pid namespace: every process of the container (so does the init's pidfd).
+            tree_ended=True if self._ended_by_host or (
+                self._exited.is_set() and self._exit_code is not None
+            ) else None,
         )
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:

@@ -85,6 +85,29 @@ def leftover_containers() -> list[str]:
     return listed.stdout.split()
 
 
+def live_in_containers() -> list[int]:
+    """Live (non-zombie) processes in the cgroups of this process's containers, as the kernel
+    lists them (the per-execution cgroup parents, named for their owner), whatever the
+    engine has noticed yet."""
+    found = []
+    for controller in cgroup_controllers():
+        parents = (controller / CGROUP_ROOT).glob(f"{current_owner().token}-*")
+        for procs in (p for parent in parents for p in parent.rglob("cgroup.procs")):
+            try:
+                pids = procs.read_text().split()
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/stat", "rb") as fh:
+                        state = fh.read().rsplit(b")", 1)[1].split()[0]
+                except (OSError, IndexError):
+                    continue
+                if state not in (b"Z", b"X"):
+                    found.append(int(pid))
+    return sorted(set(found))
+
+
 def held_by(host_pid: int) -> list[str]:
     """The containers and cgroup directories of executions run by the host process
     ``host_pid`` (another process: a CLI run), found by the owner they are labelled and named
