@@ -23,7 +23,7 @@ from psych_sandbox_core import (
     temp_dirs,
 )
 from psych_sandbox_core.bindings import FunctionBindings
-from psych_sandbox_core.testing.host import marker, pids_with
+from psych_sandbox_core.testing.host import marker, pids_with, wait_for_pids
 
 pytestmark = pytest.mark.anyio
 
@@ -199,9 +199,9 @@ async def test_without_a_cgroup_the_programs_session_yields_to_the_host(
     mark = marker()
     seen: list[str] = []
 
-    def measure() -> None:
-        pids = pids_with(mark)
-        assert pids, "the program's process was not found"
+    async def measure() -> None:
+        # Polled: the host has no event for a process it did not start appearing in /proc.
+        pids = await wait_for_pids(mark, deadline=10.0)
         for pid in pids:
             with open(f"/proc/{pid}/autogroup") as file:
                 seen.append(file.read().strip())
