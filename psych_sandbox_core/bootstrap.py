@@ -1874,30 +1874,6 @@ def _join_cgroup(spec):
             os.close(fd)
 
 
-#: The nice value of the execution's session (its autogroup) where no cgroup weighs it: about
-#: the host's weight against an execution's cgroup (cgroups.py), an eighth or so of the default.
-AUTOGROUP_NICE = b"10"
-
-
-def _yield_to_host():
-    """Give this session (the execution's processes) a lower CPU weight than the host's, so
-    the host that supervises every execution comes first on a busy machine. Where the
-    execution has a cgroup with a CPU weight (cgroups.py) that decides and this changes
-    nothing (sessions' autogroups only weigh processes outside cgroups). A program can start a
-    session of its own to leave it, so it is no guarantee: only the host's ease where there
-    are no cgroups (a host that is not root)."""
-    try:
-        fd = os.open("/proc/self/autogroup", os.O_WRONLY | os.O_CLOEXEC)
-    except OSError:
-        return  # no autogroups here
-    try:
-        os.write(fd, AUTOGROUP_NICE)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _become_program(libc, identity):
     """Make this process the program's: its identity (on a root host only this process drops
     it, so the init and the outer process stay root, out of its reach), no way back to
@@ -2158,7 +2134,6 @@ def main(argv):
     probe_config = json_loads(options.get("probe") or "{}")
     if options.get("cgroup"):
         _join_cgroup(options["cgroup"])
-    _yield_to_host()
     init_report = options.get("init-report")
     if options.get("contain"):
         libc, identity = _contain(options["contain"])

@@ -23,7 +23,7 @@ from psych_sandbox_core import (
     temp_dirs,
 )
 from psych_sandbox_core.bindings import FunctionBindings
-from psych_sandbox_core.testing.host import marker, pids_with, wait_for_pids
+from psych_sandbox_core.testing.host import marker, pids_with
 
 pytestmark = pytest.mark.anyio
 
@@ -186,42 +186,6 @@ async def test_a_program_runs_at_a_small_cpu_weight_it_cannot_raise() -> None:
     before, attempt, after = result.return_value
     assert before == after == expected
     assert attempt != "written"
-
-
-async def test_without_a_cgroup_the_programs_session_yields_to_the_host(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # No cgroup to weigh it with (a host that is not root): the execution's session gets a
-    # lower CPU weight through its autogroup, read from the host while the program runs.
-    if not os.path.exists("/proc/self/autogroup"):
-        pytest.skip("this kernel has no autogroups")
-    monkeypatch.setattr(cgroups, "detect", lambda: "no cgroups (made so by the test)")
-    mark = marker()
-    seen: list[str] = []
-
-    async def measure() -> None:
-        # Polled: the host has no event for a process it did not start appearing in /proc.
-        pids = await wait_for_pids(mark, deadline=10.0)
-        for pid in pids:
-            with open(f"/proc/{pid}/autogroup") as file:
-                seen.append(file.read().strip())
-
-    program = (
-        "import subprocess, sys\n"
-        "child = subprocess.Popen(\n"
-        f"    [sys.executable, '-c', 'import sys; sys.stdin.read()', {mark!r}],\n"
-        "    stdin=subprocess.PIPE,\n"
-        ")\n"
-        "await measure()\n"
-        "child.stdin.close()\n"
-        "child.wait()\n"
-    )
-    async with Sandbox(deployment()) as sandbox:
-        result = await sandbox.run(
-            program, profile=PROFILE, bindings=FunctionBindings({"measure": measure})
-        )
-    assert result.error is None, result.error
-    assert seen and all(line.endswith(" nice 10") for line in seen), seen
 
 
 async def test_without_a_cgroup_usage_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
