@@ -125,19 +125,16 @@ class ExecutionCgroup:
             _write(directory / "pids.max", str(pids))
             self.pids_limited = True
 
-    def weigh(self) -> bool:
-        """Give the execution its CPU weight against the host (see the module's docstring);
-        False where it could not be set, which nothing depends on."""
+    def weigh(self) -> None:
+        """Give the execution its CPU weight (see the module's docstring), where it can be
+        set; nothing depends on it, so a failure is left at that."""
         if not self.host.cpu:
-            return False
-        try:
+            return
+        with contextlib.suppress(OSError, KeyError):
             if self.host.version == 1:
                 _write(self.dirs["cpu"] / "cpu.shares", str(V1_CPU_SHARES))
             else:
                 _write(self.dirs["unified"] / "cpu.weight", str(V2_CPU_WEIGHT))
-        except (OSError, KeyError):
-            return False
-        return True
 
     def open_for_joining(self) -> None:
         """Open the files that move a process in now, so the forked child only writes.

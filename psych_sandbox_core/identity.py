@@ -474,20 +474,21 @@ class IdentityRange:
 
     def lease(self) -> IdentityLease:
         """The next free uid after the one this range handed out last (blocking)."""
-        leased = self._choose(wait=True)
-        assert leased is not None  # waiting, it gives up only by raising
-        return leased
+        return self._choose(wait=True)
 
     def lease_now(self) -> IdentityLease | None:
         """:meth:`lease`, or None instead of anything that can take long: the cursor held
         by another host, a uid whose last holder died to sweep first, this process's first
         lease (which reaps what dead hosts left)."""
-        return self._choose(wait=False)
+        try:
+            return self._choose(wait=False)
+        except _WouldWait:
+            return None
 
-    def _choose(self, *, wait: bool) -> IdentityLease | None:
+    def _choose(self, *, wait: bool) -> IdentityLease:
         directory = _lock_directory()
         if not wait and reap_abandoned_once.cache_info().currsize == 0:
-            return None
+            raise _WouldWait
         reap_abandoned_once(directory)
         cursor = os.open(
             _cursor_path(directory, self),
@@ -499,13 +500,11 @@ class IdentityRange:
             try:
                 fcntl.flock(cursor, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                return None
+                raise _WouldWait from None
             start = _read_cursor(cursor, self.count)
             for step in range(self.count):
                 offset = (start + step) % self.count
                 lease = _try_lease(directory, self.first + offset, sweep_first=wait)
-                if lease is _NOT_NOW:
-                    return None
                 if lease is not None:
                     _write_cursor(cursor, (offset + 1) % self.count)
                     return lease
@@ -561,13 +560,13 @@ def _cursor_path(directory: str, identities: IdentityRange) -> str:
 _REOPEN_ATTEMPTS = 3
 
 
-#: What _try_lease returns for a uid to sweep first when it is not to sweep.
-_NOT_NOW = IdentityLease(-1, -1, -1, "")
+class _WouldWait(Exception):
+    """Leasing now would wait (IdentityRange.lease_now gives way to a worker thread)."""
 
 
 def _try_lease(directory: str, uid: int, *, sweep_first: bool = True) -> IdentityLease | None:
     """The uid's lease if nobody holds it (swept first if its last holder died; without
-    ``sweep_first``, _NOT_NOW instead), else None."""
+    ``sweep_first``, _WouldWait instead), else None."""
     path = os.path.join(directory, str(uid))
     for _ in range(_REOPEN_ATTEMPTS):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -590,7 +589,7 @@ def _try_lease(directory: str, uid: int, *, sweep_first: bool = True) -> Identit
         # left under this uid goes before the uid is used again.
         if not sweep_first:
             os.close(fd)
-            return _NOT_NOW
+            raise _WouldWait
         try:
             sweep(uid, uid)
         except OSError:

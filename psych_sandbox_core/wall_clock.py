@@ -12,9 +12,8 @@ without this thread: the strike only makes the tree start dying on time.
 The thread runs while a deadline is armed and exits once none is. It is woken only for a
 deadline earlier than the one it sleeps until, or to exit: an execution that ends while others
 run (disarm) or whose program clock starts later (move) leaves it asleep, to find nothing due
-when it wakes. Each
-wake-up costs the loop thread a hand-over of the interpreter lock, which on a busy machine can
-wait milliseconds for the woken thread to be scheduled.
+when it wakes. Each wake-up costs the loop thread a hand-over of the interpreter lock, which
+on a busy machine can wait milliseconds for the woken thread to be scheduled.
 """
 
 from __future__ import annotations
