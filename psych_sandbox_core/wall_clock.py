@@ -9,10 +9,11 @@ earliest armed deadline, independent of the loop. The driver's own timer still e
 execution at its turn and performs the whole teardown (grace, kill, reap), exactly as
 without this thread: the strike only makes the tree start dying on time.
 
-The thread runs while a deadline is armed and exits once none is. It is woken only for a
-deadline earlier than the one it sleeps until, or to exit: an execution that ends while others
-run (disarm) or whose program clock starts later (move) leaves it asleep, to find nothing due
-when it wakes. Each wake-up costs the loop thread a hand-over of the interpreter lock, which
+The thread is woken only for a deadline earlier than the one it sleeps until: an execution
+that ends (disarm) or whose program clock starts later (move) leaves it asleep, to find nothing
+due when it wakes. Once none is left it waits :data:`LINGER_SECONDS` for another, then exits:
+starting a thread costs the loop a wait for it to be scheduled, which a host running one
+execution after another would otherwise pay on each one's path. Each wake-up costs the loop thread a hand-over of the interpreter lock, which
 on a busy machine can wait milliseconds for the woken thread to be scheduled.
 """
 
@@ -62,15 +63,12 @@ class Armed:
                 _lock.notify()
 
     def disarm(self) -> None:
-        """Never strike. The thread drops the entry when it comes first, and exits as soon as
-        no deadline is left."""
+        """Never strike. The thread drops the entry when it comes first."""
         global _live
         with _lock:
             if self._entry is not None:
                 _live -= 1
             self._entry = None
-            if not _live:
-                _lock.notify()  # the last one: the thread exits now, not at its old deadline
 
 
 def arm(delay_seconds: float, strike: Callable[[], None]) -> Armed:
@@ -83,6 +81,8 @@ def arm(delay_seconds: float, strike: Callable[[], None]) -> Armed:
 
 #: Superseded entries are dropped all at once past this many entries (and four per live one).
 _COMPACT_ABOVE = 256
+#: How long the thread waits for a new deadline once none is left before it exits.
+LINGER_SECONDS = 2.0
 
 
 def _compact_locked() -> None:
@@ -125,8 +125,11 @@ def _run() -> None:
                 while _heap and _heap[0][2]._entry is not _heap[0]:
                     heapq.heappop(_heap)
                 if not _heap:
+                    # None left: wait a while for the next one (an arm wakes it), then exit.
+                    _lock.wait(LINGER_SECONDS)
+                    if _heap:
+                        continue
                     _thread = None
-                    _sleeping_until = float("inf")
                     return
                 deadline, _, armed = _heap[0]
                 wait = deadline - time.monotonic()

@@ -123,3 +123,21 @@ def test_superseded_deadlines_do_not_pile_up() -> None:
         assert len(wall_clock._heap) <= 4 * wall_clock._COMPACT_ABOVE
     finally:
         keep.disarm()
+
+
+def test_the_thread_serves_one_deadline_after_another_then_exits_once_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Deadlines armed one after another are served by the same thread (no thread start on
+    # each execution's path); once none is left it waits LINGER_SECONDS, then exits.
+    monkeypatch.setattr(wall_clock, "LINGER_SECONDS", 0.05)
+    first = wall_clock.arm(0.2, lambda: None)
+    thread = wall_clock._thread
+    assert thread is not None
+    first.disarm()
+    second = wall_clock.arm(0.2, lambda: None)
+    assert wall_clock._thread is thread
+    second.disarm()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert wall_clock._thread is None
