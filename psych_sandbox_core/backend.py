@@ -121,8 +121,9 @@ class Launched(ABC):
         return None
 
     def before_program(self) -> bool:
-        """Note the processes the child has now, before its program runs; whether this backend
-        can later tell that only those remain (:meth:`only_processes_from_before`)."""
+        """Note the processes the child has now, before its program runs (once: a prepared
+        child's are noted as it is graded, off the program's path); whether this backend can
+        later tell that only those remain (:meth:`only_processes_from_before`)."""
         return False
 
     def only_processes_from_before(self) -> bool:
@@ -213,7 +214,8 @@ class ProcessLaunched(Launched, Generic[Channel]):
         return None if self.cgroup is None else self.cgroup.memory_now()
 
     def before_program(self) -> bool:
-        self._before_program = None if self.cgroup is None else self.cgroup.processes() or None
+        if self._before_program is None and self.cgroup is not None:
+            self._before_program = self.cgroup.processes() or None
         return self._before_program is not None
 
     def only_processes_from_before(self) -> bool:

@@ -263,6 +263,8 @@ async def _hold(
                         child = ChildDriver(launched, harness)
                         not_prepared = await _prepared(child)
                         if not_prepared is None:
+                            # Every process of the bootstrap exists once it has reported.
+                            launched.before_program()
                             prepared = PreparedChild(launched.memory_bytes_now())
                             prepared._driver = child
                             task_status.started(prepared)

@@ -13,8 +13,9 @@ The thread is woken only for a deadline earlier than the one it sleeps until: an
 that ends (disarm) or whose program clock starts later (move) leaves it asleep, to find nothing
 due when it wakes. Once none is left it waits :data:`LINGER_SECONDS` for another, then exits:
 starting a thread costs the loop a wait for it to be scheduled, which a host running one
-execution after another would otherwise pay on each one's path. Each wake-up costs the loop thread a hand-over of the interpreter lock, which
-on a busy machine can wait milliseconds for the woken thread to be scheduled.
+execution after another would otherwise pay on each one's path. Each wake-up costs the loop
+thread a hand-over of the interpreter lock, which on a busy machine can wait milliseconds for
+the woken thread to be scheduled.
 """
 
 from __future__ import annotations

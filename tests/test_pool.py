@@ -281,5 +281,17 @@ def test_only_the_childs_own_processes_let_a_walked_result_come_early(
 ) -> None:
     launched = object.__new__(_Checked)
     launched.cgroup = _Cgroup(before, at_marker)  # type: ignore[assignment]
+    launched._before_program = None
     assert launched.before_program() is (before is not None)
     assert launched.only_processes_from_before() is early
+
+
+def test_a_prepared_childs_processes_are_noted_once_as_it_is_graded() -> None:
+    # Noted off the program's path when the child is graded; the program's own turn (the
+    # marker decided) reads nothing more, so the list is the one from before any program.
+    launched = object.__new__(_Checked)
+    launched.cgroup = _Cgroup({10, 11}, {10, 11, 13})  # type: ignore[assignment]
+    launched._before_program = None
+    assert launched.before_program()
+    assert launched.before_program()
+    assert not launched.only_processes_from_before()  # 13 came after
