@@ -1,7 +1,8 @@
 """Spawning, waiting for and tearing down one child process tree (POSIX).
 
 Used by every backend that runs a local process (subprocess, bwrap) and by the pattern
-search. The child gets its own session and process group, stdin closed (or, on request, a
+search. The child is started from the spawner's thread (spawner.py), off the event loop,
+and gets its own session and process group, stdin closed (or, on request, a
 socket the host writes to), stdout and stderr on socket pairs that the host drains, and is
 waited for with a pidfd where the kernel has one (cancellable, no thread). Teardown is
 SIGTERM to the group, a grace window, SIGKILL to the group, and always a reap.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import SocketStream
 
+from . import spawner
 from .errors import ErrorKind
 from .phases import mark
 
@@ -98,8 +100,9 @@ class ManagedProcess:
         out_host, out_child = socket.socketpair()
         err_host, err_child = socket.socketpair()
         in_host, in_child = socket.socketpair() if with_stdin else (None, None)
-        try:
-            popen = subprocess.Popen(
+
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL if in_child is None else in_child.fileno(),
                 stdout=out_child.fileno(),
@@ -111,6 +114,9 @@ class ManagedProcess:
                 start_new_session=True,
                 preexec_fn=preexec_fn,
             )
+
+        try:
+            popen = await spawner.start(start)
         except BaseException:
             for sock in (out_host, out_child, err_host, err_child, in_host, in_child):
                 if sock is not None:
@@ -193,6 +199,7 @@ class ManagedProcess:
         with self._reaping:
             # Exited already (waited for above): this returns at once.
             _, status, rusage = os.wait4(self.pid, 0)
+            spawner.child_reaped()
             self._popen.returncode = os.waitstatus_to_exitcode(status)  # keep Popen off it
             code = os.waitstatus_to_exitcode(status)
             # ru_maxrss is KiB on Linux, bytes on macOS.
