@@ -9,6 +9,7 @@ import shutil
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 import anyio
 from anyio.abc import Listener, SocketListener, SocketStream
@@ -23,20 +24,16 @@ class ProbeHarness:
 
     def __init__(self) -> None:
         self.connections = 0
-        self._dir: str | None = None
         self._listeners: list[SocketListener] = []
         self.targets: ProbeTargets | None = None
 
     @asynccontextmanager
     async def active(self) -> AsyncIterator[ProbeHarness]:
-        self._dir = make_owned_directory(CANARY_PREFIX)
+        # The canary's directory is made and removed in a worker thread: on a busy disk a
+        # directory's creation or removal took milliseconds (26 ms at worst, measured), and
+        # the event loop serves every other execution meanwhile.
+        directory, canary = await anyio.to_thread.run_sync(_make_canary)
         try:
-            os.chmod(self._dir, 0o755)
-            canary = os.path.join(self._dir, "canary")
-            with open(canary, "w") as fh:
-                fh.write("psych-sandbox canary: reading this proves filesystem exposure\n")
-            # World-readable on purpose: only a real filesystem boundary can hide it.
-            os.chmod(canary, 0o644)
             ports: dict[str, int | None] = {"4": None, "6": None}
             async with anyio.create_task_group() as tg:
                 for family, host in (("4", "127.0.0.1"), ("6", "::1")):
@@ -58,7 +55,9 @@ class ProbeHarness:
             with anyio.CancelScope(shield=True):
                 for listener in self._listeners:
                     await listener.aclose()
-            shutil.rmtree(self._dir, ignore_errors=True)
+                await anyio.to_thread.run_sync(
+                    partial(shutil.rmtree, directory, ignore_errors=True)
+                )
 
     async def _count(self, listener: Listener[SocketStream]) -> None:
         async def on_connection(stream: SocketStream) -> None:
@@ -69,6 +68,22 @@ class ProbeHarness:
             await listener.serve(on_connection)
         except anyio.ClosedResourceError:
             return
+
+
+def _make_canary() -> tuple[str, str]:
+    """A fresh directory of the host's with the canary in it: both paths."""
+    directory = make_owned_directory(CANARY_PREFIX)
+    try:
+        os.chmod(directory, 0o755)
+        canary = os.path.join(directory, "canary")
+        with open(canary, "w") as fh:
+            fh.write("psych-sandbox canary: reading this proves filesystem exposure\n")
+        # World-readable on purpose: only a real filesystem boundary can hide it.
+        os.chmod(canary, 0o644)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return directory, canary
 
 
 async def _loopback_listener(family: str, host: str) -> tuple[SocketListener, int]:
