@@ -172,25 +172,32 @@ class ExecutionCgroup:
         self._join_fds.clear()
 
     def pids(self) -> set[int]:
-        """The processes found in the directories that can be read (to kill stragglers)."""
-        return self._procs(skip_unreadable=True) or set()
-
-    def processes(self) -> set[int] | None:
-        """The processes in the cgroup, or None when any of its directories cannot be read
-        (an empty set is then never mistaken for an empty cgroup)."""
-        return self._procs(skip_unreadable=False)
-
-    def _procs(self, *, skip_unreadable: bool) -> set[int] | None:
+        """The processes found in every directory that can be read (to kill stragglers)."""
         found: set[int] = set()
         for directory in self.directories:
-            try:
-                text = _read(directory / "cgroup.procs")
-            except OSError:
-                if skip_unreadable:
-                    continue
-                return None
-            found.update(int(line) for line in text.split() if line.isdigit())
+            with contextlib.suppress(OSError):
+                found.update(_pid_set(_read(directory / "cgroup.procs")))
         return found
+
+    def processes(self) -> set[int] | None:
+        """The processes in the cgroup, or None when they cannot be read (an empty set is
+        then never mistaken for an empty cgroup).
+
+        Read from one hierarchy: every process of the execution is in its cgroup of every
+        hierarchy (the first one joined all of them before anything forked, a child is born
+        in its parent's, and moving a process out takes root, whose cgroupfs it is), so one
+        list is the whole list. Teardown's :meth:`pids` still reads every one."""
+        try:
+            return _pid_set(_read(self._listing))
+        except OSError:
+            return None
+
+    @property
+    def _listing(self) -> str:
+        """The process list of the pids controller's directory (v2: the one directory)."""
+        return os.path.join(
+            self.dirs["pids" if self.host.version == 1 else "unified"], "cgroup.procs"
+        )
 
     async def drain(self, deadline_seconds: float = DRAIN_SECONDS) -> bool:
         """SIGKILL everything still in the cgroup until it is empty; True once it is."""
@@ -269,7 +276,7 @@ class ExecutionCgroup:
         return proof if len(left) == len(self.directories) else None
 
 
-def _read(path: Path) -> str:
+def _read(path: Path | str) -> str:
     # Read raw: a text file object costs more than a small cgroup file's read itself, and
     # several are read per execution.
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -280,6 +287,10 @@ def _read(path: Path) -> str:
     finally:
         os.close(fd)
     return b"".join(chunks).decode()
+
+
+def _pid_set(text: str) -> set[int]:
+    return {int(line) for line in text.split() if line.isdigit()}
 
 
 def _write(path: Path, value: str) -> None:
