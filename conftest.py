@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from psych_sandbox_core.temp_dirs import make_owned_directory
+from psych_sandbox_core.testing.as_user import remove_staged
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -45,3 +46,11 @@ def _private_state_directory() -> Iterator[None]:
         else:
             os.environ["XDG_STATE_HOME"] = previous
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _staged_copies_removed() -> Iterator[None]:
+    # Copies of the environment staged for tests that run as another user go with the
+    # session (a pytest-xdist worker ends without running exit handlers).
+    yield
+    remove_staged()

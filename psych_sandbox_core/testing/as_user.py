@@ -55,6 +55,7 @@ def staged_environment(
     # Named for this process, so a later one reaps it should this one be killed before its
     # exit handlers run (a test run's worker ended by a timeout, for example).
     root = Path(make_owned_directory(STAGING_PREFIX))
+    _staged.append(root)
     atexit.register(shutil.rmtree, root, True)
     site = root / "site"
     packages = Path(sysconfig.get_paths()["purelib"])
@@ -87,6 +88,18 @@ def staged_environment(
     for path in [root, *root.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return root
+
+
+#: The staged copies this process made and has not removed.
+_staged: list[Path] = []
+
+
+def remove_staged() -> None:
+    """Remove every staged copy this process made. A test session calls it as it ends: its
+    exit handlers are not run where the process ends without them (a pytest-xdist worker)."""
+    staged_environment.cache_clear()
+    while _staged:
+        shutil.rmtree(_staged.pop(), ignore_errors=True)
 
 
 def _is_editable(info: Path) -> bool:
