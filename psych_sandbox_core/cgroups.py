@@ -441,7 +441,9 @@ async def prepared(
         return None
     # In a worker thread: on a busy host making a cgroup took milliseconds (2 to 10 ms under
     # load, measured), and the event loop serves every other execution meanwhile.
-    cgroup = await anyio.to_thread.run_sync(_made, host, backend, memory_bytes, pids)
+    # Shielded: a cgroup made must reach the caller, whose teardown removes it.
+    with anyio.CancelScope(shield=True):
+        cgroup = await anyio.to_thread.run_sync(_made, host, backend, memory_bytes, pids)
     if cgroup is not None:
         mark("cgroup made")
     return cgroup

@@ -4,6 +4,10 @@ second cold. Which child served which program is judged from the launches themse
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
 import anyio
 import pytest
 from anyio.abc import TaskGroup
@@ -55,8 +59,28 @@ class Children:
             await child.returned(frame.source)
 
 
-def gated(index: int) -> dict[str, anyio.Event]:
-    return {str(index): anyio.Event()}
+@dataclass
+class Setup:
+    pool: WarmPool
+    tg: TaskGroup
+    children: Children
+    backend: FakeBackend
+    #: The gate of the child held at its start, if one is.
+    gate: anyio.Event
+
+
+@asynccontextmanager
+async def pool_of(size: int, held: int | None = None) -> AsyncIterator[Setup]:
+    """A pool of ``size`` on fake children (child ``held`` held at its start until its gate is
+    set); nothing of it left once the block is done."""
+    gate = anyio.Event()
+    children = Children(**({} if held is None else {str(held): gate}))
+    backend = FakeBackend(children.script)
+    async with anyio.create_task_group() as tg:
+        pool = WarmPool(backend, LIMITS, WarmSettings(size, BUDGET, 60.0), tg)
+        yield Setup(pool, tg, children, backend, gate)
+        tg.cancel_scope.cancel()
+    assert backend.live == 0
 
 
 async def run_into(
@@ -76,81 +100,57 @@ def start_run(
 
 
 async def test_a_program_waits_for_the_child_on_its_way_rather_than_start_one_cold() -> None:
-    gates = gated(0)
-    children = Children(**gates)
-    backend = FakeBackend(children.script)
-    async with anyio.create_task_group() as tg:
-        pool = WarmPool(backend, LIMITS, WarmSettings(2, BUDGET, 60.0), tg)
-        pool.refill(force=True)  # one child on its way, held at its start
-        results, done = start_run(tg, pool, "one")
+    async with pool_of(2, held=0) as it:
+        it.pool.refill(force=True)  # one child on its way, held at its start
+        results, done = start_run(it.tg, it.pool, "one")
         await anyio.wait_all_tasks_blocked()
-        status = pool.status()
+        status = it.pool.status()
         assert (status.ready, status.preparing, status.waiting) == (0, 1, 1)
-        assert len(backend.launched) == 1  # nothing started cold meanwhile
-        gates["0"].set()
+        assert len(it.backend.launched) == 1  # nothing started cold meanwhile
+        it.gate.set()
         await done.wait()
-        assert (pool.status().runs, pool.status().started_cold) == (1, 0)
-        tg.cancel_scope.cancel()
+        assert (it.pool.status().runs, it.pool.status().started_cold) == (1, 0)
     assert results[0].return_value == "one", results[0].error
-    assert children.served == {0: "one"}
-    assert backend.live == 0
+    assert it.children.served == {0: "one"}
 
 
 async def test_with_none_on_its_way_a_program_starts_one_and_waits_for_it() -> None:
-    gates = gated(0)
-    children = Children(**gates)
-    backend = FakeBackend(children.script)
-    async with anyio.create_task_group() as tg:
-        pool = WarmPool(backend, LIMITS, WarmSettings(1, BUDGET, 60.0), tg)
-        results, done = start_run(tg, pool, "one")
+    async with pool_of(1, held=0) as it:
+        results, done = start_run(it.tg, it.pool, "one")
         await anyio.wait_all_tasks_blocked()
-        status = pool.status()
+        status = it.pool.status()
         assert (status.ready, status.preparing, status.waiting) == (0, 1, 1)
-        gates["0"].set()
+        it.gate.set()
         await done.wait()
-        tg.cancel_scope.cancel()
     assert results[0].return_value == "one", results[0].error
-    assert children.served == {0: "one"}
-    assert backend.live == 0
+    assert it.children.served == {0: "one"}
 
 
 async def test_a_child_that_looks_stuck_is_not_waited_for() -> None:
     # Child 0 starts at once (the pool learns how long a start takes here); child 1, the
     # refill after the first program, never reports: the second program starts cold (2).
-    gates = gated(1)
-    children = Children(**gates)
-    backend = FakeBackend(children.script)
-    async with anyio.create_task_group() as tg:
-        pool = WarmPool(backend, LIMITS, WarmSettings(1, BUDGET, 60.0), tg)
-        await pool.wait_ready()
-        first = await pool.run(plan("one"))
-        assert pool.status().preparing == 1  # child 1, held
-        second = await pool.run(plan("two"))
-        assert (pool.status().runs, pool.status().started_cold) == (2, 1)
-        tg.cancel_scope.cancel()
+    async with pool_of(1, held=1) as it:
+        await it.pool.wait_ready()
+        first = await it.pool.run(plan("one"))
+        assert it.pool.status().preparing == 1  # child 1, held
+        second = await it.pool.run(plan("two"))
+        assert (it.pool.status().runs, it.pool.status().started_cold) == (2, 1)
     assert (first.return_value, second.return_value) == ("one", "two")
-    assert children.served == {0: "one", 2: "two"}
-    assert backend.live == 0
+    assert it.children.served == {0: "one", 2: "two"}
 
 
 async def test_a_child_handed_to_a_caller_that_went_away_is_kept_for_the_next() -> None:
-    gates = gated(0)
-    children = Children(**gates)
-    backend = FakeBackend(children.script)
-    async with anyio.create_task_group() as tg:
-        pool = WarmPool(backend, LIMITS, WarmSettings(1, BUDGET, 60.0), tg)
+    async with pool_of(1, held=0) as it:
         with anyio.CancelScope() as caller:
-            tg.start_soon(_cancel_when_blocked, caller)
-            await pool.run(plan("never"))
+            it.tg.start_soon(_cancel_when_blocked, caller)
+            await it.pool.run(plan("never"))
         assert caller.cancelled_caught
-        gates["0"].set()
-        await pool.wait_ready()
-        assert pool.status().ready == 1
-        result = await pool.run(plan("next"))
-        tg.cancel_scope.cancel()
+        it.gate.set()
+        await it.pool.wait_ready()
+        assert it.pool.status().ready == 1
+        result = await it.pool.run(plan("next"))
     assert result.return_value == "next", result.error
-    assert children.served == {0: "next"}
-    assert backend.live == 0
+    assert it.children.served == {0: "next"}
 
 
 async def _cancel_when_blocked(scope: anyio.CancelScope) -> None:
@@ -159,53 +159,43 @@ async def _cancel_when_blocked(scope: anyio.CancelScope) -> None:
 
 
 async def test_the_pool_keeps_what_demand_calls_for_within_its_size() -> None:
-    children = Children()
-    backend = FakeBackend(children.script)
-    async with anyio.create_task_group() as tg:
-        pool = WarmPool(backend, LIMITS, WarmSettings(3, BUDGET, 60.0), tg)
+    async with pool_of(3) as it:
         for source in ("a", "b", "c"):
-            await pool.wait_ready()
-            await pool.run(plan(source))
+            await it.pool.wait_ready()
+            await it.pool.run(plan(source))
         await anyio.wait_all_tasks_blocked()
         # One program at a time: one child serving, one more ready for the next.
-        status = pool.status()
+        status = it.pool.status()
         assert status.target == 2 and status.ready + status.preparing == 2, status
         async with anyio.create_task_group() as callers:
             for source in ("d", "e", "f", "g"):
-                callers.start_soon(pool.run, plan(source))
+                callers.start_soon(it.pool.run, plan(source))
         await anyio.wait_all_tasks_blocked()
         # Four at once: as many as the size allows, never more.
-        status = pool.status()
+        status = it.pool.status()
         assert status.target == 3 and status.ready + status.preparing == 3, status
-        tg.cancel_scope.cancel()
-    assert sorted(children.served.values()) == list("abcdefg")
-    assert backend.live == 0
+    assert sorted(it.children.served.values()) == list("abcdefg")
 
 
 async def test_ready_children_beyond_what_demand_calls_for_are_discarded() -> None:
-    children = Children()
-    backend = FakeBackend(children.script)
-    async with anyio.create_task_group() as tg:
-        pool = WarmPool(backend, LIMITS, WarmSettings(3, BUDGET, 60.0), tg)
-        await pool.wait_ready()
+    async with pool_of(3) as it:
+        await it.pool.wait_ready()
         async with anyio.create_task_group() as callers:
             for source in ("a", "b", "c"):
-                callers.start_soon(pool.run, plan(source))
+                callers.start_soon(it.pool.run, plan(source))
         await anyio.wait_all_tasks_blocked()
-        assert pool.status().ready == 3 and backend.live == 3
+        assert it.pool.status().ready == 3 and it.backend.live == 3
         # Three at once was longer ago than the idle window: one at a time is the demand now.
         for n in (2, 3):
-            pool._last_at[n] -= 61.0
-        pool.refill()
+            it.pool._last_at[n] -= 61.0
+        it.pool.refill()
         await anyio.wait_all_tasks_blocked()
-        status = pool.status()
+        status = it.pool.status()
         assert status.target == 2 and (status.ready, status.preparing) == (2, 0), status
         # The one discarded was torn down without a program.
-        assert backend.live == 2
-        await pool.run(plan("d"))
-        tg.cancel_scope.cancel()
-    assert sorted(children.served.values()) == list("abcd")
-    assert backend.live == 0
+        assert it.backend.live == 2
+        await it.pool.run(plan("d"))
+    assert sorted(it.children.served.values()) == list("abcd")
 
 
 async def test_a_backend_that_cannot_start_a_child_gives_a_result_not_a_wait() -> None:

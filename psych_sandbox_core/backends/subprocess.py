@@ -150,8 +150,10 @@ class SubprocessBackend(
         # uid elsewhere.
         identity = leased.ids
         # In a worker thread: on a busy disk a directory's making takes milliseconds, and the
-        # event loop serves every other execution meanwhile.
-        workspace = await anyio.to_thread.run_sync(create_workspace, identity)
+        # event loop serves every other execution meanwhile. Shielded: a workspace made must
+        # reach the teardown below that removes it.
+        with anyio.CancelScope(shield=True):
+            workspace = await anyio.to_thread.run_sync(create_workspace, identity)
         channel = InheritedSocketChannel()
         process: ManagedProcess | None = None
         cgroup: ExecutionCgroup | None = None
@@ -238,6 +240,8 @@ class SubprocessBackend(
                     namespace.close()
                 if report is not None:
                     report.close()
+                if report_child is not None:
+                    report_child.close()  # not spawned: still the host's
                 await channel.aclose()
                 if cgroup is not None:
                     # Stragglers in it (a daemon that left the group) are killed first. Its
