@@ -198,8 +198,10 @@ class ManagedProcess:
             await self.wait_exited()
         with self._reaping:
             # Exited already (waited for above): this returns at once.
-            _, status, rusage = os.wait4(self.pid, 0)
-            spawner.child_reaped()
+            try:
+                _, status, rusage = os.wait4(self.pid, 0)
+            finally:
+                spawner.child_reaped(self.pid)
             self._popen.returncode = os.waitstatus_to_exitcode(status)  # keep Popen off it
             code = os.waitstatus_to_exitcode(status)
             # ru_maxrss is KiB on Linux, bytes on macOS.

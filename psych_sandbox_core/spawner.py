@@ -9,7 +9,7 @@ Not in a worker thread of a pool: a child asks the kernel to kill it when its pa
 (PR_SET_PDEATHSIG, see the bootstrap's _contain and the bwrap backend's pre-exec step), and
 Linux means the parent *thread*, so a pooled thread that retires would kill the children it
 started. This thread lives as long as any child it started is unreaped
-(:func:`child_reaped`), then waits :data:`LINGER_SECONDS` for more work before it exits.
+(:func:`child_reaped`), and waits :data:`LINGER_SECONDS` for more work before it exits.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ LINGER_SECONDS = 2.0
 _lock = threading.Condition()
 _jobs: deque[_Job] = deque()
 _thread: threading.Thread | None = None
-#: Children this thread started that have not been reaped yet.
-_unreaped = 0
+#: The pids of the children this thread started that have not been reaped yet.
+_unreaped: set[int] = set()
 
 
 class _Job:
@@ -71,16 +71,15 @@ async def start(make: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen
     return job.popen
 
 
-def child_reaped() -> None:
-    """One child :func:`start` started has been reaped: the thread no longer needs to live
-    for it."""
-    global _unreaped
+def child_reaped(pid: int) -> None:
+    """The child ``pid`` is reaped (or gone): the thread no longer needs to live for it.
+    Idempotent, and nothing for a pid it did not start."""
     with _lock:
-        _unreaped -= 1  # not woken for it: the thread looks again as its wait times out
+        _unreaped.discard(pid)  # not woken for it: the thread looks again as its wait ends
 
 
 def _run() -> None:
-    global _thread, _unreaped
+    global _thread
     while True:
         with _lock:
             while not _jobs:
@@ -94,7 +93,7 @@ def _run() -> None:
             job.error = exc
         else:
             with _lock:
-                _unreaped += 1
+                _unreaped.add(job.popen.pid)
         finally:
             try:
                 os.write(job.wake, b"\0")
@@ -104,11 +103,11 @@ def _run() -> None:
 
 def _forget_after_fork() -> None:
     # A forked child has no such thread, and the lock may have been held by it at the fork.
-    global _lock, _thread, _unreaped
+    global _lock, _thread
     _lock = threading.Condition()
     _jobs.clear()
     _thread = None
-    _unreaped = 0
+    _unreaped.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -38,7 +38,7 @@ async def test_a_spawn_does_not_hold_the_event_loop() -> None:
     async def spawn() -> None:
         popen = await spawner.start(make)
         popen.wait()
-        spawner.child_reaped()
+        spawner.child_reaped(popen.pid)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(spawn)
