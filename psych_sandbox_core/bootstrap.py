@@ -2197,6 +2197,13 @@ def main(argv):
         if request:
             send_artifacts(channel, request, workspace)
         channel.send(frame)
+        try:
+            # Nothing more from anyone: the socket is shut for writing whoever else holds
+            # it (a process the program forked), so the host need not wait for every
+            # holder's exit to know that no frame can follow the result.
+            channel.sock.shutdown(_socket.SHUT_WR)
+        except OSError:
+            pass
     # Calls still in flight are the host's to cancel now: nothing here waits for them.
     # Threads the program left running must not hold the process open after its result.
     os._exit(0)

@@ -145,9 +145,9 @@ class LinkedConversation:
                 await link.aclose()
 
     async def nothing_after_result(self) -> None:
-        """Read a collecting run's channel to its end: its writers are gone, so this ends at
-        once, and any frame after the result is a violation (files sent late are not
-        taken)."""
+        """Read a collecting run's channel to its end: the child shut it for writing after
+        its result (or its writers are gone), so this ends at once, and any frame after the
+        result is a violation (files sent late are not taken)."""
         link = self._held
         if link is None:
             return

@@ -346,8 +346,8 @@ class ChildDriver:
         walks = host_walks(launched, plan)
         if walks and not launched.only_processes_from_before():
             return False  # something the program started may still write its files
-        # A collecting run: its channel is read to its end (the child closes it by exiting)
-        # before anything it sent counts, as in the teardown.
+        # A collecting run: its channel is read to its end (the child shuts it for writing
+        # after its result) before anything it sent counts, as in the teardown.
         await self._talk.nothing_after_result()
         await self._talk.release_held()
         if conversation.violation is not None:

@@ -492,3 +492,36 @@ async def test_an_artifact_frame_without_a_request_is_a_protocol_error(private_t
         healthy = await box.run("21 * 2", profile=SUBPROCESS_PROFILE)
         assert healthy.error is None and healthy.return_value == 42
     assert list(private_tmp.iterdir()) == []
+
+
+#: A process the program leaves behind, holding the channel, that forges a frame as soon as
+#: the bootstrap's process is gone (a pipe's write end, held by it alone, closes then).
+LEFT_BEHIND = """
+import os, sys, json, socket
+FD = int(next(a for a in sys.argv if a.startswith("channel=fd:"))[len("channel=fd:"):])
+gone, alive = os.pipe()
+if os.fork() == 0:
+    os.close(alive)
+    os.read(gone, 1)  # the bootstrap exited
+    late = dict(type="artifact", path="late", offset=0, data="bGF0ZQ==", last=True)
+    try:
+        os.write(FD, json.dumps(late).encode() + b"\\n")
+    finally:
+        os._exit(0)
+os.close(gone)
+open("kept", "w").write("kept")
+1
+"""
+
+
+@pytest.mark.anyio
+async def test_a_process_left_behind_can_send_nothing_after_the_result(private_tmp: Path) -> None:
+    # The child shuts the channel for writing after its result: for every holder, so a frame
+    # forged afterwards by a process the program forked never arrives, and the result stands
+    # (without it, the forgery lands after the result and withdraws it as a protocol error).
+    async with hidden_sandbox() as box:
+        result = await box.run(LEFT_BEHIND, profile=PROFILE)
+    assert result.error is None, result.error
+    assert result.return_value == 1
+    assert [artifact.path for artifact in result.artifacts] == ["kept"]
+    assert list(private_tmp.iterdir()) == []
