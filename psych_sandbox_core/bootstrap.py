@@ -2191,13 +2191,16 @@ def main(argv):
         libc = _load_libc()
         _pid_namespace_init(libc, int(init_report) if init_report else None)
         _become_program(libc, None)
-    _as_site_would()
     channel = Channel(options["channel"])
     channel.send(
         {"type": "hello", "protocol": PROTOCOL_VERSION, "report": probe(probe_config)}
     )
+    # What the program needs and the probe does not, done while the host grades the hello
+    # rather than before it: the site directories on the path, then (unless the program is
+    # there already) the compiler's tree types.
+    _as_site_would()
     if not _arrived(channel.sock, 0.0):
-        _load_ast()  # the host is still grading the hello
+        _load_ast()
     _prepare_while_idle(channel.sock)
     frame = channel.receive()
     if frame.get("type") != "run":
