@@ -85,15 +85,20 @@ def asyncio_mapped(pid: int) -> bool:
     return "/_asyncio." in Path(f"/proc/{pid}/maps").read_text()
 
 
-@pytest.fixture(autouse=True)
-def _accelerator_is_a_shared_object() -> None:
+def _accelerator_is_a_shared_object() -> bool:
     import _asyncio
 
-    if not getattr(_asyncio, "__file__", None):
-        pytest.skip("this interpreter has asyncio's accelerator built in: nothing to see mapped")
+    return bool(getattr(_asyncio, "__file__", None))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps")
+#: Where the test can see, from outside, whether a process imported asyncio.
+seen_in_maps = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not _accelerator_is_a_shared_object(),
+    reason="reads /proc/PID/maps for asyncio's accelerator, a shared object",
+)
+
+
+@seen_in_maps
 @pytest.mark.parametrize("looks", [[True], [False, False, True]])
 def test_an_idle_child_prepares_once_a_processor_is_free(tmp_path: Path, looks: list[bool]) -> None:
     with child(tmp_path, looks) as (process, _):
@@ -105,7 +110,7 @@ def test_an_idle_child_prepares_once_a_processor_is_free(tmp_path: Path, looks: 
     assert set(lines[busy:-1]) == {"spare"}
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps")
+@seen_in_maps
 def test_a_child_on_a_busy_machine_prepares_nothing_and_its_program_finds_it_waiting(
     tmp_path: Path,
 ) -> None:
@@ -119,7 +124,7 @@ def test_a_child_on_a_busy_machine_prepares_nothing_and_its_program_finds_it_wai
     assert returned == f"returned {RUN_FRAME!r}"  # the frame left for the bootstrap to read
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps")
+@seen_in_maps
 def test_a_cold_child_whose_program_is_there_prepares_nothing(tmp_path: Path) -> None:
     with child(tmp_path, [True]) as (process, host):
         host.sendall(RUN_FRAME)
