@@ -400,7 +400,9 @@ async def test_an_unprivileged_host_keeps_its_ancestors_out_of_reach_and_nothing
                 )
 
             tg.start_soon(host)
-            (waiter,) = await wait_for_pids(marks["WAITER"])
+            # The unprivileged host imports everything from the staged copy's sources (it may
+            # write no bytecode there): on a loaded machine that alone can take many seconds.
+            (waiter,) = await wait_for_pids(marks["WAITER"], deadline=90.0)
             _, _, outer = check_ancestors(waiter, marks["MEMORY_MARK"])
             assert status_of(outer)["Uid"].split()[0] == str(uid), "the host is unprivileged"
             namespace, program_uid = await hold_survivors(marks, hold)

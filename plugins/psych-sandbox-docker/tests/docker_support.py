@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
 import subprocess
 from typing import Any
@@ -92,9 +93,18 @@ def live_in_containers() -> list[int]:
     found = []
     for controller in cgroup_controllers():
         parents = (controller / CGROUP_ROOT).glob(f"{current_owner().token}-*")
-        for procs in (p for parent in parents for p in parent.rglob("cgroup.procs")):
+        # Walked without failing on a directory the engine removes meanwhile (a container it
+        # is tearing down): what is gone holds no process.
+        listings = (
+            os.path.join(directory, "cgroup.procs")
+            for parent in parents
+            for directory, _, files in os.walk(parent)
+            if "cgroup.procs" in files
+        )
+        for procs in listings:
             try:
-                pids = procs.read_text().split()
+                with open(procs) as fh:
+                    pids = fh.read().split()
             except OSError:
                 continue
             for pid in pids:
