@@ -2046,9 +2046,6 @@ ASYNC_MODULES = (
 #: A host that has a program for this child sends it within a few milliseconds of the hello;
 #: a child still waiting after this long is a warm one, prepared ahead of its program.
 IDLE_AFTER_SECONDS = 0.05
-#: How long a warm child that found the machine busy waits before each new look, the last
-#: repeated for as long as it waits: a read of one small file now and then.
-BUSY_RECHECK_SECONDS = (0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 def _prepare_while_idle(sock):
@@ -2057,59 +2054,19 @@ def _prepare_while_idle(sock):
 
     Only once the child is idle (no program IDLE_AFTER_SECONDS after its hello: a cold child
     is answered at once and prepares nothing, so a program that does not await never pays),
-    one module at a time, stopping as soon as the program arrives, so a program that arrives
-    mid-way waits for one step at most. And only while a processor is free (_cpu_to_spare):
-    under sustained load pool children idle briefly between programs, and the imports, 10 to
-    30 ms of CPU each time, would be taken from the executions the machine is running, most
-    of which never await. A child that finds the machine busy looks again later, less and
-    less often (BUSY_RECHECK_SECONDS). A program sees these modules imported, as after any
-    import of its own.
+    and one module at a time, stopping as soon as the program arrives, so a program that
+    arrives mid-way waits for one step at most. A program sees these modules imported, as
+    after any import of its own.
     """
-    pending = list(ASYNC_MODULES)
-    busy = 0  # looks in a row that found the machine busy
-    wait = IDLE_AFTER_SECONDS
-    while pending:
-        if _arrived(sock, wait):
-            return
-        if not _cpu_to_spare():
-            wait = BUSY_RECHECK_SECONDS[min(busy, len(BUSY_RECHECK_SECONDS) - 1)]
-            busy += 1
-            continue
-        busy = 0
+    if _arrived(sock, IDLE_AFTER_SECONDS):
+        return
+    for name in ASYNC_MODULES:
         try:
-            __import__(pending.pop(0))
+            __import__(name)
         except Exception:
             return  # an interpreter without it (no ssl): the program meets that itself
-        wait = 0.0
-
-
-def _cpu_to_spare():
-    """Whether a processor this process may run on is free now, judged from the tasks ready
-    to run on the machine at this instant (the fourth field of /proc/loadavg). True where
-    that cannot be read (not Linux): preparing is what a warm child did before."""
-    try:
-        fd = os.open("/proc/loadavg", os.O_RDONLY)
-        try:
-            loadavg = os.read(fd, 256)
-        finally:
-            os.close(fd)
-    except OSError:
-        return True
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return spare_cpu(loadavg, cpus)
-
-
-def spare_cpu(loadavg, cpus):
-    """Whether fewer tasks than ``cpus`` are ready to run besides the reader, by the text of
-    /proc/loadavg ("0.50 0.40 0.30 RUNNABLE/TOTAL LASTPID"; the reader counts itself)."""
-    try:
-        runnable = int(loadavg.split()[3].split(b"/")[0])
-    except (IndexError, ValueError):
-        return True
-    return runnable - 1 < cpus
+        if _arrived(sock, 0.0):
+            return
 
 
 def _arrived(sock, wait):
