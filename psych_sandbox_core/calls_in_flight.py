@@ -19,9 +19,10 @@ wall clock, a cancellation), every call still in flight is cancelled and recorde
 
 Reading is a role, not a task. A call made while no other is in flight (a program awaiting
 its calls one by one) is served by the task that read it, so its reply goes out in the same
-turn of the event loop; a standby worker is woken first and takes over the reading if that
-tool suspends, so the next frames (a cancel, more calls) are read meanwhile and concurrency
-is what it was. Whoever finishes serving while another reads becomes a worker.
+turn of the event loop; if that serving suspends (the tool waits), a standby worker is woken
+as it does and takes over the reading, so the next frames (a cancel, more calls) are read
+meanwhile and concurrency is what it was. A tool that answers without waiting costs no other
+task a turn. Whoever finishes serving while another reads becomes a worker.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .conversation import Action, Conversation, State
 from .errors import ProtocolViolation
 from .link import FrameLink
 from .protocol import CallFrame
+from .suspension import watching
 
 #: Calls in flight when the run frame names no limit (the child's default).
 DEFAULT_CALLS_IN_FLIGHT = 16
@@ -120,18 +122,22 @@ class CallsInFlight:
         self._flying[frame.id] = scope
         self._unfinished[frame.id] = call
         if self._read_one is not None and len(self._flying) == 1:
-            # Alone in flight: served here, by the reader. A standby takes over the reading
-            # only if this turns out to wait (it runs once this task yields, or finds the
-            # role taken back and goes idle again).
-            offered = self._free_role = self._generation
-            self._wake_worker()
-            await self._serve(call, scope)
+            # Alone in flight: served here, by the reader. Only if the serving suspends (the
+            # tool waits) is a standby woken, to take over the reading while it waits (it
+            # runs once this task yields, or finds the role taken back and goes idle again).
+            offered = self._generation
+            await watching(self._serve(call, scope), self._offer_role)
             if self._free_role == offered:
-                self._free_role = None  # nobody needed it: this task reads on
+                self._free_role = None  # nobody took it: this task reads on
             return []
         self._pending.append((call, scope))
         self._wake_worker()
         return []
+
+    def _offer_role(self) -> None:
+        """The reader's call waits: a standby may take the reading meanwhile."""
+        self._free_role = self._generation
+        self._wake_worker()
 
     def _wake_worker(self) -> None:
         if self._idle:
