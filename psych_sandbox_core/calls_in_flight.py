@@ -67,8 +67,8 @@ class CallsInFlight:
         self._unfinished: dict[int, AcceptedCall] = {}
         #: Ids the child cancelled: one cancel per call, so this is bounded by the calls.
         self._cancelled: set[int] = set()
-        # Uncontended, taken without a trip through the event loop: one reply at a time.
-        self._writing = anyio.Lock(fast_acquire=True)
+        # One reply at a time: a reply's writing waits only while the socket is full.
+        self._writing = anyio.Lock()
         # Calls go to workers that stay for the execution: a task started per call, or a
         # queue that passes through the event loop, would cost a single call's round trip
         # more than the rest of the host's work for it.
@@ -189,7 +189,12 @@ class CallsInFlight:
         try:
             reply = await self._calls.complete(call, scope)
             del self._unfinished[call_id]
-            async with self._writing:
+            try:
+                # Taken at once when nobody writes, with no trip through the event loop.
+                self._writing.acquire_nowait()
+            except anyio.WouldBlock:
+                await self._writing.acquire()
+            try:
                 if self._conversation.state is not State.RUNNING:
                     return  # the program ended: nobody reads this reply
                 # No longer in flight once its reply starts out: the child may read it and
@@ -200,6 +205,8 @@ class CallsInFlight:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return  # the child went away; the reader sees the end
                 self._conversation.sent(reply)
+            finally:
+                self._writing.release()
         finally:
             self._flying.pop(call_id, None)
         if self._calls.work.exhausted():
