@@ -293,6 +293,56 @@ def test_an_infinite_literal_is_refused_wherever_it_sits_in_a_long_frame(padding
     assert isinstance(decode_child_frame(fine), CallFrame)
 
 
+@pytest.mark.parametrize("padding", [0, 1, 65_000, 65_530, 131_000])
+def test_nan_and_infinity_are_refused_wherever_they_sit_in_a_long_frame(padding: int) -> None:
+    # Lines with no mark of a float are parsed and validated in one pass, which would take
+    # these literals: the marks looked for include the first two letters of each.
+    head = b'{"type":"call","id":0,"name":"a","arguments":{"p":"' + b"x" * padding + b'","x":'
+    for literal in (b"NaN", b"Infinity", b"-Infinity"):
+        for shift in range(4):
+            line = head + b" " * shift + b"[" + literal + b"]}}"
+            with pytest.raises(ProtocolViolation, match="malformed"):
+                decode_child_frame(line)
+
+
+def _parsed_then_validated(line: bytes) -> Any:
+    """The frame the slower decoding (parse, walk, validate) makes of ``line``, or None."""
+    from pydantic import TypeAdapter
+    from pydantic_core import from_json
+
+    from psych_sandbox_core.protocol import ChildFrame
+
+    try:
+        parsed = from_json(line, allow_inf_nan=False, cache_strings=False)
+        stack = [parsed]
+        while stack:
+            item = stack.pop()
+            assert not isinstance(item, float) or item - item == 0, "non-finite"
+            stack.extend(item.values() if isinstance(item, dict) else [])
+            stack.extend(item if isinstance(item, list) else [])
+        return TypeAdapter(ChildFrame).validate_python(parsed, strict=True)
+    except (ValueError, AssertionError):
+        return None
+
+
+@given(child_frames, st.data())
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+def test_one_pass_decoding_agrees_with_parsing_then_validating(
+    frame: Any, data: st.DataObject
+) -> None:
+    obj = json.loads(frame.model_dump_json())
+    if data.draw(st.booleans()):
+        obj[data.draw(st.sampled_from(sorted(obj)))] = data.draw(json_value)
+    line = json.dumps(obj, separators=(",", ":")).encode()
+    expected = _parsed_then_validated(line)
+    try:
+        decoded = decode_child_frame(line)
+    except ProtocolViolation:
+        assert expected is None
+    else:
+        assert decoded == expected
+
+
 def test_codec_refuses_an_oversized_line_before_parsing() -> None:
     line = b'{"type":"call","id":0,"name":"a","arguments":{"x":"' + b"a" * MAX_CHILD_FRAME_BYTES
     with pytest.raises(ProtocolViolation, match="ceiling"):
