@@ -88,6 +88,8 @@ class CallsInFlight:
         self._free_role: int | None = None
         #: Set once the program's frames are read to their end, by whoever read last.
         self._read_to_end = anyio.Event()
+        #: A cancel scope made ahead for the next call (see accept); each is used once.
+        self._next_scope: anyio.CancelScope | None = anyio.CancelScope()
 
     async def read(self, read_one: Callable[[], Awaitable[None]]) -> None:
         """Read the program's frames until the conversation stops listening: ``read_one``
@@ -118,7 +120,7 @@ class CallsInFlight:
             call = await self._calls.accept(frame)
         except ProtocolViolation as exc:
             return self._conversation.violate(str(exc))
-        scope = anyio.CancelScope()
+        scope, self._next_scope = self._next_scope or anyio.CancelScope(), None
         self._flying[frame.id] = scope
         self._unfinished[frame.id] = call
         if self._read_one is not None and len(self._flying) == 1:
@@ -129,6 +131,10 @@ class CallsInFlight:
             await watching(self._serve(call, scope), self._offer_role)
             if self._free_role == offered:
                 self._free_role = None  # nobody took it: this task reads on
+            if self._next_scope is None:
+                # The next call's scope, made now that this reply is out: making one costs
+                # about as much as entering and leaving it.
+                self._next_scope = anyio.CancelScope()
             return []
         self._pending.append((call, scope))
         self._wake_worker()
