@@ -308,6 +308,9 @@ class FrameChannel:
         if self._stream is not None:
             await self._stream.aclose()
         elif self._sock is not None:
+            # A reply waiting for room (a program that never reads them fills the socket)
+            # or a read waiting for a frame gives up now: a closed descriptor wakes nobody.
+            anyio.notify_closing(self._sock)
             self._sock.close()
 
 

@@ -464,6 +464,29 @@ async def test_frame_channel_end_of_stream_and_torn_frame() -> None:
     await channel.aclose()
 
 
+@pytest.mark.anyio
+async def test_closing_the_channel_wakes_a_frame_waiting_for_room() -> None:
+    # A program that never reads its replies fills the socket; when the conversation ends
+    # (its violation), the reply being written must give up, not wait for the wall clock.
+    host_sock, child_sock = socket.socketpair()
+    channel = FrameChannel(host_sock)
+    reply = ReplyFrame(id=0, carries="value", value_json='"' + "x" * (4 * 1024 * 1024) + '"')
+    ended: list[type[BaseException]] = []
+
+    async def write() -> None:
+        try:
+            await channel.send(reply)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            ended.append(type(exc))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(write)
+        await anyio.wait_all_tasks_blocked()
+        await channel.aclose()
+    child_sock.close()
+    assert ended == [anyio.ClosedResourceError]
+
+
 # ---------------------------------------------------------------- shape before parsing
 
 #: Strings that look like structure, or escape: the pre-scan must see through them.
