@@ -13,6 +13,8 @@ import pytest
 from anyio.abc import SocketStream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
+from pydantic_core import from_json
 
 from psych_sandbox_core import bootstrap
 from psych_sandbox_core.bindings import CallServer, FunctionBindings
@@ -22,6 +24,7 @@ from psych_sandbox_core.errors import ProtocolViolation
 from psych_sandbox_core.protocol import (
     AbortFrame,
     CallFrame,
+    ChildFrame,
     ChildLimits,
     ContainmentReport,
     HelloFrame,
@@ -305,13 +308,11 @@ def test_nan_and_infinity_are_refused_wherever_they_sit_in_a_long_frame(padding:
                 decode_child_frame(line)
 
 
+_CHILD_FRAME_ADAPTER: TypeAdapter[Any] = TypeAdapter(ChildFrame)
+
+
 def _parsed_then_validated(line: bytes) -> Any:
     """The frame the slower decoding (parse, walk, validate) makes of ``line``, or None."""
-    from pydantic import TypeAdapter
-    from pydantic_core import from_json
-
-    from psych_sandbox_core.protocol import ChildFrame
-
     try:
         parsed = from_json(line, allow_inf_nan=False, cache_strings=False)
         stack = [parsed]
@@ -320,13 +321,13 @@ def _parsed_then_validated(line: bytes) -> Any:
             assert not isinstance(item, float) or item - item == 0, "non-finite"
             stack.extend(item.values() if isinstance(item, dict) else [])
             stack.extend(item if isinstance(item, list) else [])
-        return TypeAdapter(ChildFrame).validate_python(parsed, strict=True)
+        return _CHILD_FRAME_ADAPTER.validate_python(parsed, strict=True)
     except (ValueError, AssertionError):
         return None
 
 
 @given(child_frames, st.data())
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 def test_one_pass_decoding_agrees_with_parsing_then_validating(
     frame: Any, data: st.DataObject
 ) -> None:
