@@ -131,6 +131,8 @@ class CallErrorKind(str, enum.Enum):
 
 
 _KINDS = {kind.value for kind in CallErrorKind}
+#: How a call that got no reply is recorded (an enum member's value is a property call).
+_CANCELLED = CallErrorKind.CANCELLED.value
 
 
 class ToolCallError(Exception):
@@ -397,7 +399,9 @@ class CallServer:
             )
         accepted = AcceptedCall(frame, entry, seq)
         try:
-            if _few_elements(frame.arguments):
+            if not frame.arguments:
+                argument_bytes = 2  # "{}": most calls of a tool without parameters
+            elif _few_elements(frame.arguments):
                 argument_bytes = _json_bytes(frame.arguments)
             else:
                 # Encoding holds the interpreter lock, and so the event loop, for milliseconds.
@@ -424,7 +428,7 @@ class CallServer:
         a cancellation from outside (the execution ends) propagates, the call recorded as
         cancelled either way."""
         frame, entry = call.frame, call.entry
-        outcome = CallErrorKind.CANCELLED.value
+        outcome = _CANCELLED
         try:
             if call.reply is not None:
                 reply = call.reply
@@ -442,7 +446,7 @@ class CallServer:
         finally:
             await self.close(call, outcome)
 
-    async def close(self, call: AcceptedCall, outcome: str = CallErrorKind.CANCELLED.value) -> None:
+    async def close(self, call: AcceptedCall, outcome: str = _CANCELLED) -> None:
         """Close an accepted call's run-log entry with ``outcome`` (once; its record says
         cancelled until a reply is made for it)."""
         if call.seq is not None:
@@ -518,7 +522,7 @@ class CallServer:
         data = value_json.encode()
         ceiling = self.budgets.result_bytes_per_call
         if len(data) <= ceiling:
-            return self._value(frame.id, value_json, paging_allowed=True)
+            return self._value(frame.id, value_json, paging_allowed=True, size=len(data))
         if self.blob_store is None:
             return _error(
                 frame.id,
@@ -553,8 +557,12 @@ class CallServer:
         self._handles[token] = _Handle(address, len(data))
         return ReplyFrame(id=frame.id, carries="handle", handle=descriptor)
 
-    def _value(self, call_id: int, value_json: str, *, paging_allowed: bool) -> ReplyFrame:
-        size = len(value_json.encode())
+    def _value(
+        self, call_id: int, value_json: str, *, paging_allowed: bool, size: int | None = None
+    ) -> ReplyFrame:
+        """The reply carrying ``value_json`` (``size``: its length as UTF-8, if known)."""
+        if size is None:
+            size = len(value_json.encode())
         if not paging_allowed and size > self.budgets.result_bytes_per_call:
             return _error(
                 call_id,
@@ -657,8 +665,6 @@ def _few_elements(value: Any) -> bool:
 
 def _json_bytes(value: Any) -> int:
     """The size the argument budget counts: compact JSON, as UTF-8."""
-    if value == {}:
-        return 2  # "{}": most calls of a tool without parameters
     with collector_paused():  # a wide object's items are many short-lived tuples
         return len(_dumps(value).encode())
 

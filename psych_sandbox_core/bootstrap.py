@@ -286,15 +286,16 @@ class Channel:
 
     def call(self, name, arguments_json):
         """One call from a thread with no event loop running: block until its reply."""
-        place = _thread.allocate_lock()
-        place.acquire()
-
-        def grant():
-            place.release()
-            return True
-
-        if not self._take_place(grant):
+        if not self._take_place(None):
+            place = _thread.allocate_lock()
             place.acquire()
+
+            def grant():
+                place.release()
+                return True
+
+            if not self._take_place(grant):
+                place.acquire()
         done = _thread.allocate_lock()
         done.acquire()
         replies = []
@@ -311,26 +312,27 @@ class Channel:
         """One call from a coroutine on ``loop``, which runs on while the call is in flight.
         A call cancelled while it waits (wait_for, a cancelled task) stops waiting and tells
         the host, which cancels the tool; the reply that still comes frees its place."""
-        granted = loop.create_future()
         loop_thread = _thread.get_ident()
+        if not self._take_place(None):
+            granted = loop.create_future()
 
-        def grant():
-            try:
-                if _thread.get_ident() == loop_thread:
-                    loop.call_soon(_grant, self, granted)  # freed by this loop's own reading
-                else:
-                    loop.call_soon_threadsafe(_grant, self, granted)
-            except RuntimeError:
-                return False  # the loop is closed: nobody will use the place
-            return True
+            def grant():
+                try:
+                    if _thread.get_ident() == loop_thread:
+                        loop.call_soon(_grant, self, granted)  # freed by this loop's own reading
+                    else:
+                        loop.call_soon_threadsafe(_grant, self, granted)
+                except RuntimeError:
+                    return False  # the loop is closed: nobody will use the place
+                return True
 
-        if not self._take_place(grant):
-            try:
-                await granted
-            except BaseException:
-                if granted.done() and not granted.cancelled():
-                    self._release_place()  # granted, then cancelled before it was used
-                raise
+            if not self._take_place(grant):
+                try:
+                    await granted
+                except BaseException:
+                    if granted.done() and not granted.cancelled():
+                        self._release_place()  # granted, then cancelled before it was used
+                    raise
         future = loop.create_future()
 
         def deliver(reply):
@@ -364,12 +366,14 @@ class Channel:
 
     def _take_place(self, grant):
         """Take a place among the calls in flight (True), or queue ``grant`` to be called
-        when one is handed over (False); ``grant()`` says whether its call took it."""
+        when one is handed over (False); ``grant()`` says whether its call took it. With
+        ``grant`` None, only a free place is taken (most calls find one: nothing to make)."""
         with self.state:
             if self.in_flight < self.in_flight_limit:
                 self.in_flight += 1
                 return True
-            self.granting.append(grant)
+            if grant is not None:
+                self.granting.append(grant)
             return False
 
     def _release_place(self):
@@ -393,7 +397,7 @@ class Channel:
                 self._choose_reader(loop)
                 with self.state:
                     self.waiters[call_id] = deliver  # before the write: the reply may come
-                head = f'{{"type":"call","id":{call_id},"name":{json_dumps(name)},"arguments":'
+                head = f'{{"type":"call","id":{call_id},"name":{_quoted(name)},"arguments":'
                 # Type first, as every frame begins; the arguments as measured (call_tool).
                 self._write((head + arguments_json + "}\n").encode())
             except BaseException:
@@ -505,6 +509,8 @@ class Channel:
 
 #: The reader when a thread of ours reads the replies (Channel.reader).
 READER_THREAD = "thread"
+#: A tool's name as a JSON string: json_dumps of a str, without building an encoder per call.
+_quoted = json_dumps if _json is None else _json.encode_basestring_ascii
 #: Reads and writes that do not wait, on a socket that stays blocking for everyone else; 0
 #: where the platform has none (the reader thread then reads every reply).
 _DONTWAIT = getattr(_socket, "MSG_DONTWAIT", 0)

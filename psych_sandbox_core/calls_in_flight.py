@@ -19,9 +19,10 @@ wall clock, a cancellation), every call still in flight is cancelled and recorde
 
 Reading is a role, not a task. A call made while no other is in flight (a program awaiting
 its calls one by one) is served by the task that read it, so its reply goes out in the same
-turn of the event loop; a standby worker is woken first and takes over the reading if that
-tool suspends, so the next frames (a cancel, more calls) are read meanwhile and concurrency
-is what it was. Whoever finishes serving while another reads becomes a worker.
+turn of the event loop; if that serving suspends (the tool waits), a standby worker is woken
+as it does and takes over the reading, so the next frames (a cancel, more calls) are read
+meanwhile and concurrency is what it was. A tool that answers without waiting costs no other
+task a turn. Whoever finishes serving while another reads becomes a worker.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .conversation import Action, Conversation, State
 from .errors import ProtocolViolation
 from .link import FrameLink
 from .protocol import CallFrame
+from .suspension import watching
 
 #: Calls in flight when the run frame names no limit (the child's default).
 DEFAULT_CALLS_IN_FLIGHT = 16
@@ -65,8 +67,8 @@ class CallsInFlight:
         self._unfinished: dict[int, AcceptedCall] = {}
         #: Ids the child cancelled: one cancel per call, so this is bounded by the calls.
         self._cancelled: set[int] = set()
-        # Uncontended, taken without a trip through the event loop: one reply at a time.
-        self._writing = anyio.Lock(fast_acquire=True)
+        # One reply at a time: a reply's writing waits only while the socket is full.
+        self._writing = anyio.Lock()
         # Calls go to workers that stay for the execution: a task started per call, or a
         # queue that passes through the event loop, would cost a single call's round trip
         # more than the rest of the host's work for it.
@@ -86,6 +88,8 @@ class CallsInFlight:
         self._free_role: int | None = None
         #: Set once the program's frames are read to their end, by whoever read last.
         self._read_to_end = anyio.Event()
+        #: A cancel scope made ahead for the next call (see accept); each is used once.
+        self._next_scope: anyio.CancelScope | None = anyio.CancelScope()
 
     async def read(self, read_one: Callable[[], Awaitable[None]]) -> None:
         """Read the program's frames until the conversation stops listening: ``read_one``
@@ -116,22 +120,30 @@ class CallsInFlight:
             call = await self._calls.accept(frame)
         except ProtocolViolation as exc:
             return self._conversation.violate(str(exc))
-        scope = anyio.CancelScope()
+        scope, self._next_scope = self._next_scope or anyio.CancelScope(), None
         self._flying[frame.id] = scope
         self._unfinished[frame.id] = call
         if self._read_one is not None and len(self._flying) == 1:
-            # Alone in flight: served here, by the reader. A standby takes over the reading
-            # only if this turns out to wait (it runs once this task yields, or finds the
-            # role taken back and goes idle again).
-            offered = self._free_role = self._generation
-            self._wake_worker()
-            await self._serve(call, scope)
+            # Alone in flight: served here, by the reader. Only if the serving suspends (the
+            # tool waits) is a standby woken, to take over the reading while it waits (it
+            # runs once this task yields, or finds the role taken back and goes idle again).
+            offered = self._generation
+            await watching(self._serve(call, scope), self._offer_role)
             if self._free_role == offered:
-                self._free_role = None  # nobody needed it: this task reads on
+                self._free_role = None  # nobody took it: this task reads on
+            if self._next_scope is None:
+                # The next call's scope, made now that this reply is out: making one costs
+                # about as much as entering and leaving it.
+                self._next_scope = anyio.CancelScope()
             return []
         self._pending.append((call, scope))
         self._wake_worker()
         return []
+
+    def _offer_role(self) -> None:
+        """The reader's call waits: a standby may take the reading meanwhile."""
+        self._free_role = self._generation
+        self._wake_worker()
 
     def _wake_worker(self) -> None:
         if self._idle:
@@ -183,7 +195,12 @@ class CallsInFlight:
         try:
             reply = await self._calls.complete(call, scope)
             del self._unfinished[call_id]
-            async with self._writing:
+            try:
+                # Taken at once when nobody writes, with no trip through the event loop.
+                self._writing.acquire_nowait()
+            except anyio.WouldBlock:
+                await self._writing.acquire()
+            try:
                 if self._conversation.state is not State.RUNNING:
                     return  # the program ended: nobody reads this reply
                 # No longer in flight once its reply starts out: the child may read it and
@@ -194,6 +211,8 @@ class CallsInFlight:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return  # the child went away; the reader sees the end
                 self._conversation.sent(reply)
+            finally:
+                self._writing.release()
         finally:
             self._flying.pop(call_id, None)
         if self._calls.work.exhausted():

@@ -190,7 +190,8 @@ class FrameChannel:
         malformed, too long, too deep or too wide raises ProtocolViolation.
         """
         if self._handed_over is not None:
-            self._owe(min(time.perf_counter() - self._handed_over, ANSWER_SECONDS))
+            now = time.perf_counter()
+            self._owe(min(now - self._handed_over, ANSWER_SECONDS), now)
             self._handed_over = None
         line = await self._line()
         if line is None:
@@ -199,17 +200,20 @@ class FrameChannel:
         if len(line) > INLINE_DECODE_BYTES:
             frame, spent = await anyio.to_thread.run_sync(_timed_decode, line, self.ceilings)
             await anyio.sleep(spent * (1 / LARGE_DECODE_SHARE - 1))
+            now = time.perf_counter()
         else:
             started = time.perf_counter()
             frame = decode_child_frame(line, self.ceilings)
-            self._owe(time.perf_counter() - started)
+            now = time.perf_counter()
+            self._owe(now - started, now)
             if self._owed > LOOP_BURST_SECONDS:
                 await anyio.sleep((self._owed - LOOP_BURST_SECONDS) / LOOP_SHARE)
-        self._handed_over = time.perf_counter()
+                now = time.perf_counter()
+        self._handed_over = now
         return frame
 
-    def _owe(self, spent: float) -> None:
-        now = time.perf_counter()
+    def _owe(self, spent: float, now: float) -> None:
+        """Add ``spent`` to the debt, drained up to ``now`` first."""
         self._owed = max(0.0, self._owed - (now - self._settled) * LOOP_SHARE) + spent
         self._settled = now
 
@@ -304,6 +308,9 @@ class FrameChannel:
         if self._stream is not None:
             await self._stream.aclose()
         elif self._sock is not None:
+            # A reply waiting for room (a program that never reads them fills the socket)
+            # or a read waiting for a frame gives up now: a closed descriptor wakes nobody.
+            anyio.notify_closing(self._sock)
             self._sock.close()
 
 

@@ -414,3 +414,42 @@ async def test_a_call_alone_in_flight_is_served_by_the_task_that_read_it() -> No
     assert served_by == link.read_by[:5]
     assert len(set(link.read_by)) == 1
     assert [c["outcome"] for c in server.record] == ["ok"] * 5
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # trio's instruments count task steps
+async def test_a_tool_that_never_waits_gives_no_other_task_a_turn() -> None:
+    # A standby is woken only when the serving suspends: calls answered at once cost no
+    # worker a step (one each would be a turn of the event loop per call).
+    import trio
+
+    from psych_sandbox_core.conversing import LinkedConversation
+
+    from .test_conversation import terms
+
+    class WorkerSteps(trio.abc.Instrument):
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            if task.name.endswith("CallsInFlight._worker"):
+                self.steps += 1
+
+    async def where() -> None:
+        pass
+
+    provider = FunctionBindings({"where": where})
+    server = CallServer(provider, await provider.list_tools())
+    talk = LinkedConversation(in_state(State.GRADED, with_collector=False))
+    link = _OneByOneLink(calls=20)
+    talk._link = link
+    counted = WorkerSteps()
+    trio.lowlevel.add_instrument(counted)
+    try:
+        await talk.program(
+            terms(tools=server.offered, argument_bytes=server.budgets.argument_bytes_per_call),
+            server,
+        )
+    finally:
+        trio.lowlevel.remove_instrument(counted)
+    assert [frame.type for frame in link.sent] == ["run"] + ["reply"] * 20
+    assert counted.steps == 0

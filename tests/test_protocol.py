@@ -13,6 +13,8 @@ import pytest
 from anyio.abc import SocketStream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
+from pydantic_core import from_json
 
 from psych_sandbox_core import bootstrap
 from psych_sandbox_core.bindings import CallServer, FunctionBindings
@@ -22,6 +24,7 @@ from psych_sandbox_core.errors import ProtocolViolation
 from psych_sandbox_core.protocol import (
     AbortFrame,
     CallFrame,
+    ChildFrame,
     ChildLimits,
     ContainmentReport,
     HelloFrame,
@@ -293,6 +296,54 @@ def test_an_infinite_literal_is_refused_wherever_it_sits_in_a_long_frame(padding
     assert isinstance(decode_child_frame(fine), CallFrame)
 
 
+@pytest.mark.parametrize("padding", [0, 1, 65_000, 65_530, 131_000])
+def test_nan_and_infinity_are_refused_wherever_they_sit_in_a_long_frame(padding: int) -> None:
+    # Lines with no mark of a float are parsed and validated in one pass, which would take
+    # these literals: the marks looked for include the first two letters of each.
+    head = b'{"type":"call","id":0,"name":"a","arguments":{"p":"' + b"x" * padding + b'","x":'
+    for literal in (b"NaN", b"Infinity", b"-Infinity"):
+        for shift in range(4):
+            line = head + b" " * shift + b"[" + literal + b"]}}"
+            with pytest.raises(ProtocolViolation, match="malformed"):
+                decode_child_frame(line)
+
+
+_CHILD_FRAME_ADAPTER: TypeAdapter[Any] = TypeAdapter(ChildFrame)
+
+
+def _parsed_then_validated(line: bytes) -> Any:
+    """The frame the slower decoding (parse, walk, validate) makes of ``line``, or None."""
+    try:
+        parsed = from_json(line, allow_inf_nan=False, cache_strings=False)
+        stack = [parsed]
+        while stack:
+            item = stack.pop()
+            assert not isinstance(item, float) or item - item == 0, "non-finite"
+            stack.extend(item.values() if isinstance(item, dict) else [])
+            stack.extend(item if isinstance(item, list) else [])
+        return _CHILD_FRAME_ADAPTER.validate_python(parsed, strict=True)
+    except (ValueError, AssertionError):
+        return None
+
+
+@given(child_frames, st.data())
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+def test_one_pass_decoding_agrees_with_parsing_then_validating(
+    frame: Any, data: st.DataObject
+) -> None:
+    obj = json.loads(frame.model_dump_json())
+    if data.draw(st.booleans()):
+        obj[data.draw(st.sampled_from(sorted(obj)))] = data.draw(json_value)
+    line = json.dumps(obj, separators=(",", ":")).encode()
+    expected = _parsed_then_validated(line)
+    try:
+        decoded = decode_child_frame(line)
+    except ProtocolViolation:
+        assert expected is None
+    else:
+        assert decoded == expected
+
+
 def test_codec_refuses_an_oversized_line_before_parsing() -> None:
     line = b'{"type":"call","id":0,"name":"a","arguments":{"x":"' + b"a" * MAX_CHILD_FRAME_BYTES
     with pytest.raises(ProtocolViolation, match="ceiling"):
@@ -412,6 +463,29 @@ async def test_frame_channel_end_of_stream_and_torn_frame() -> None:
     child_sock.close()
     assert await channel.receive() is None
     await channel.aclose()
+
+
+@pytest.mark.anyio
+async def test_closing_the_channel_wakes_a_frame_waiting_for_room() -> None:
+    # A program that never reads its replies fills the socket; when the conversation ends
+    # (its violation), the reply being written must give up, not wait for the wall clock.
+    host_sock, child_sock = socket.socketpair()
+    channel = FrameChannel(host_sock)
+    reply = ReplyFrame(id=0, carries="value", value_json='"' + "x" * (4 * 1024 * 1024) + '"')
+    ended: list[type[BaseException]] = []
+
+    async def write() -> None:
+        try:
+            await channel.send(reply)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            ended.append(type(exc))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(write)
+        await anyio.wait_all_tasks_blocked()
+        await channel.aclose()
+    child_sock.close()
+    assert ended == [anyio.ClosedResourceError]
 
 
 # ---------------------------------------------------------------- shape before parsing

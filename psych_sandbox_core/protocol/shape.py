@@ -64,6 +64,8 @@ def measure(data: bytes) -> Shape:
 
 def check_shape(data: bytes, limits: ShapeLimits, what: str) -> None:
     """Raise ProtocolViolation naming the limit ``data`` (described as ``what``) passes."""
+    if len(data) <= limits.depth and len(data) <= limits.elements:
+        return  # each level and each element takes a byte: so short a text passes neither
     # The common case costs one pass: with so few brackets and separators in the whole
     # text, strings included, no limit can be passed.
     structure = data.translate(None, _NOT_STRUCTURE)
