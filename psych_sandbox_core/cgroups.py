@@ -265,9 +265,8 @@ class ExecutionCgroup:
         gone when every one was removed, else None (one is left behind)."""
         self.close_join_fds()
         # Usually emptied already (its usage was read once it was): the kernel removes only
-        # an empty cgroup, so try that first and drain only when it refuses. In a worker
-        # thread, as its making is.
-        removed = await anyio.to_thread.run_sync(remove_execution_cgroup, self.directories)
+        # an empty cgroup, so try that first and drain only when it refuses.
+        removed = remove_execution_cgroup(self.directories)
         if removed is not None:
             return removed
         await self.drain()
@@ -439,11 +438,10 @@ async def prepared(
     host = detect()
     if isinstance(host, str):
         return None
-    # In a worker thread: on a busy host making a cgroup took milliseconds (2 to 10 ms under
-    # load, measured), and the event loop serves every other execution meanwhile.
-    # Shielded: a cgroup made must reach the caller, whose teardown removes it.
-    with anyio.CancelScope(shield=True):
-        cgroup = await anyio.to_thread.run_sync(_made, host, backend, memory_bytes, pids)
+    # On the event loop: a hop to a worker thread measured a few milliseconds on the cold
+    # path whenever another thread held the interpreter lock (a uid's sweep), more than the
+    # making itself costs.
+    cgroup = _made(host, backend, memory_bytes, pids)
     if cgroup is not None:
         mark("cgroup made")
     return cgroup

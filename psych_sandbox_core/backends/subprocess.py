@@ -149,11 +149,7 @@ class SubprocessBackend(
         # The lease is swept always: a pid namespace is no proof that nothing runs under the
         # uid elsewhere.
         identity = leased.ids
-        # In a worker thread: on a busy disk a directory's making takes milliseconds, and the
-        # event loop serves every other execution meanwhile. Shielded: a workspace made must
-        # reach the teardown below that removes it.
-        with anyio.CancelScope(shield=True):
-            workspace = await anyio.to_thread.run_sync(create_workspace, identity)
+        workspace = create_workspace(identity)
         channel = InheritedSocketChannel()
         process: ManagedProcess | None = None
         cgroup: ExecutionCgroup | None = None
