@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -24,6 +23,7 @@ from psych_sandbox_core.testing.leftovers import (
     host_leftovers,
     host_targets,
     own_uid,
+    plant_as,
     planting_program,
 )
 
@@ -127,27 +127,7 @@ def test_a_sweep_removes_what_a_process_of_the_uid_left(one_uid: int) -> None:
     # The sweep on its own, against state a host-started process under the uid planted.
     mark = marker("psych-left")
     with host_targets(mark) as (target, target_dir):
-        script = planting_program(mark, target, target_dir).replace(
-            "json.dumps(done)", "print(json.dumps(done))"
-        )
-        planted = subprocess.run(
-            [
-                "setpriv",
-                f"--reuid={one_uid}",
-                f"--regid={one_uid}",
-                "--clear-groups",
-                "/usr/bin/python3",
-                "-I",
-                "-c",
-                script,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd="/",
-            timeout=60,
-        )
-        assert all(json.loads(planted.stdout).values()), planted.stdout
+        plant_as(one_uid, mark, target, target_dir)
         assert host_leftovers(mark, one_uid) != []
         started = time.perf_counter()
         sweep(one_uid, one_uid)

@@ -4,7 +4,6 @@ uid that cannot be swept keeps only itself leased."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -22,38 +21,19 @@ from psych_sandbox_core.testing.leftovers import (
     host_leftovers,
     host_targets,
     own_uid,
-    planting_program,
+    plant_as,
     process_under,
 )
 
 from .conftest import marker
 
 pytestmark = pytest.mark.anyio
-#: An interpreter any uid can run, told to run the script that follows.
-PYTHON = ("/usr/bin/python3", "-I", "-c")
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="only a root host runs programs as uids")
 
 
 def two_uids() -> tuple[int, int]:
     first = 1_960_000_000 + random.randrange(1_000_000)
     return first, first + 1
-
-
-def plant_as(uid: int, mark: str, target: str, target_dir: str) -> None:
-    """Every kind of leftover, planted by a host-started process under ``uid`` (as one
-    that escaped an execution would)."""
-    script = planting_program(mark, target, target_dir).replace(
-        "json.dumps(done)", "print(json.dumps(done))"
-    )
-    planted = subprocess.run(
-        [*("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"), *PYTHON, script],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd="/",
-        timeout=60,
-    )
-    assert all(json.loads(planted.stdout).values()), planted.stdout
 
 
 @ROOT

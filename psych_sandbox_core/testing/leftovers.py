@@ -10,6 +10,7 @@ filesystem mounted in a mount namespace of the test's own, /proc/key-users.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import textwrap
@@ -109,6 +110,28 @@ def planting_program(mark: str, target: str, target_dir: str) -> str:
     return textwrap.dedent(common) + textwrap.dedent(
         _PLANT.format(target=target, target_dir=target_dir)
     )
+
+
+def plant_as(uid: int, mark: str, target: str, target_dir: str) -> None:
+    """Plant every kind of leftover from a process the host starts under ``uid`` (as one
+    that escaped an execution would); raise unless each kind was planted."""
+    script = planting_program(mark, target, target_dir).replace(
+        "json.dumps(done)", "print(json.dumps(done))"
+    )
+    planted = subprocess.run(
+        [
+            *("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"),
+            *("/usr/bin/python3", "-I", "-c", script),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+        timeout=60,
+    )
+    done = json.loads(planted.stdout)
+    if not all(done.values()):
+        raise AssertionError(f"not everything was planted: {planted.stdout}")
 
 
 def finding_program(mark: str) -> str:
