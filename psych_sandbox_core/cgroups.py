@@ -438,18 +438,6 @@ async def prepared(
     host = detect()
     if isinstance(host, str):
         return None
-    # On the event loop: a hop to a worker thread measured a few milliseconds on the cold
-    # path whenever another thread held the interpreter lock (a uid's sweep), more than the
-    # making itself costs.
-    cgroup = _made(host, backend, memory_bytes, pids)
-    if cgroup is not None:
-        mark("cgroup made")
-    return cgroup
-
-
-def _made(
-    host: CgroupHost, backend: str, memory_bytes: int | None, pids: int | None
-) -> ExecutionCgroup | None:
     try:
         cgroup = host.create(backend)
     except OSError:
@@ -459,9 +447,9 @@ def _made(
         cgroup.weigh()
         cgroup.open_for_joining()
     except OSError:
-        cgroup.close_join_fds()
-        remove_execution_cgroup(cgroup.directories)  # empty: nothing joined it yet
+        await cgroup.remove()
         return None
+    mark("cgroup made")
     return cgroup
 
 

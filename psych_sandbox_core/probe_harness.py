@@ -29,8 +29,14 @@ class ProbeHarness:
 
     @asynccontextmanager
     async def active(self) -> AsyncIterator[ProbeHarness]:
-        directory, canary = _make_canary()
+        directory = make_owned_directory(CANARY_PREFIX)
         try:
+            os.chmod(directory, 0o755)
+            canary = os.path.join(directory, "canary")
+            with open(canary, "w") as fh:
+                fh.write("psych-sandbox canary: reading this proves filesystem exposure\n")
+            # World-readable on purpose: only a real filesystem boundary can hide it.
+            os.chmod(canary, 0o644)
             ports: dict[str, int | None] = {"4": None, "6": None}
             async with anyio.create_task_group() as tg:
                 for family, host in (("4", "127.0.0.1"), ("6", "::1")):
@@ -51,7 +57,7 @@ class ProbeHarness:
             # Shielded: on cancellation the listeners still close and the canary is removed,
             # in a worker thread: on a busy disk a directory's removal took milliseconds
             # (26 ms at worst, measured), and the event loop serves every other execution
-            # meanwhile. (Its making stays on the loop, which is quicker to start a child.)
+            # meanwhile.
             with anyio.CancelScope(shield=True):
                 for listener in self._listeners:
                     await listener.aclose()
@@ -68,22 +74,6 @@ class ProbeHarness:
             await listener.serve(on_connection)
         except anyio.ClosedResourceError:
             return
-
-
-def _make_canary() -> tuple[str, str]:
-    """A fresh directory of the host's with the canary in it: both paths."""
-    directory = make_owned_directory(CANARY_PREFIX)
-    try:
-        os.chmod(directory, 0o755)
-        canary = os.path.join(directory, "canary")
-        with open(canary, "w") as fh:
-            fh.write("psych-sandbox canary: reading this proves filesystem exposure\n")
-        # World-readable on purpose: only a real filesystem boundary can hide it.
-        os.chmod(canary, 0o644)
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    return directory, canary
 
 
 async def _loopback_listener(family: str, host: str) -> tuple[SocketListener, int]:
