@@ -344,17 +344,9 @@ class _Sweeps:
 
 
 def _retire_together(batch: list[_Retiring]) -> dict[int, OSError]:
-    """Sweep the batch's uids together (one alone: the plain sweep) and give back each one
-    swept (blocking); why each of the others could not be."""
-    failures: dict[int, OSError] = {}
-    if len(batch) == 1:
-        alone = batch[0].swept
-        try:
-            sweep(alone.uid, alone.gid, processes=alone.processes)
-        except OSError as exc:
-            failures[alone.uid] = exc
-    else:
-        failures = sweep_together([retiring.swept for retiring in batch])
+    """Sweep the batch's uids together and give back each one swept (blocking); why each of
+    the others could not be."""
+    failures = sweep_together([retiring.swept for retiring in batch])
     for retiring in batch:
         if retiring.swept.uid not in failures:
             try:

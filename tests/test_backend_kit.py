@@ -10,7 +10,7 @@ import os
 import random
 import select
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from psych_sandbox_core.backend_kit import (
     leased_identity,
     wait_started,
 )
+from psych_sandbox_core.sweep import Swept
 from psych_sandbox_core.testing.leftovers import own_uid
 
 from .import_rules import ROOT, core_imports
@@ -230,13 +231,13 @@ def one_uid() -> Iterator[IdentityRange]:
 def sweeps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
     """Every sweep a retiring lease runs: (uid, whether it scanned for processes)."""
     done: list[tuple[int, bool]] = []
-    real = identity.sweep
+    real = identity.sweep_together
 
-    def recording(uid: int, gid: int, *, processes: bool = True) -> None:
-        done.append((uid, processes))
-        real(uid, gid, processes=processes)
+    def recording(identities: Collection[Swept]) -> dict[int, OSError]:
+        done.extend((one.uid, one.processes) for one in identities)
+        return real(identities)
 
-    monkeypatch.setattr(identity, "sweep", recording)
+    monkeypatch.setattr(identity, "sweep_together", recording)
     return done
 
 

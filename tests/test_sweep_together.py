@@ -99,13 +99,7 @@ async def test_uids_retiring_while_a_sweep_runs_are_swept_together_in_the_next(
         failing = [one.uid for one in identities if one.uid == third]
         return {uid: OSError("could not") for uid in failing}
 
-    def swept(uid: int, gid: int, *, processes: bool = True) -> None:
-        failure = swept_together([Swept(uid, gid, processes)]).get(uid)
-        if failure is not None:
-            raise failure
-
     monkeypatch.setattr(identity, "sweep_together", swept_together)
-    monkeypatch.setattr(identity, "sweep", swept)
     sweeps = identity._Sweeps()
     outcomes: dict[int, str] = {}
 
