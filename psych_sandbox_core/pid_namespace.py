@@ -2,13 +2,10 @@
 
 The bootstrap that unshared the namespace hands the host, before any program exists, a pidfd
 on the namespace's init and the namespace itself, open (see bootstrap ``_hand_over_init``).
-Teardown is then the host's own act: SIGKILL to the init through that pidfd, and the pidfd
-becoming readable. That is the kernel's word that the namespace is empty: an exiting init
-first kills every other process in its namespace and waits until each is reaped (the
-kernel's zap_pid_ns_processes), and only then is it reported as exited, which is what makes
-its pidfd readable; once it is, no process can join the namespace either. So no scan of
-/proc is needed (:func:`members` is how tests look from outside). Nothing here asks the
-program, or any process it could reach, to cooperate.
+Teardown is then the host's own act: SIGKILL to the init through that pidfd (the kernel kills
+everything else in the namespace, and the init exits only once all of it is reaped), the pidfd
+becoming readable, and a scan of /proc that no process is left in the namespace. Nothing here
+asks the program, or any process it could reach, to cooperate.
 """
 
 from __future__ import annotations
@@ -70,11 +67,10 @@ class PidNamespace:
             pass  # already exited: the namespace went with it
 
     async def wait_empty(self, seconds: float) -> bool:
-        """Kill the namespace and wait until nothing is left in it; True once the kernel
-        said so (the init's exit: see the module's docstring). Idempotent. False if the init
-        outlived ``seconds``: the caller must then not treat the execution's identity as free
-        (the uid sweep of identity.py kills what runs under it, and keeps a uid whose
-        processes will not die)."""
+        """Kill the namespace and wait until nothing is left in it; True once verified empty.
+        Idempotent. False if the init outlived ``seconds`` or a member is still listed: the
+        caller must then not treat the execution's identity as free (the uid sweep of
+        identity.py kills what runs under it, and keeps a uid whose processes will not die)."""
         if self.emptied is not None:
             return self.emptied
         self.kill()
@@ -83,8 +79,8 @@ class PidNamespace:
             # The init exits last: the kernel has it wait until every other member is reaped.
             await anyio.wait_readable(self._handle)
             exited = True
-        self.emptied = exited
-        return exited
+        self.emptied = exited and not await anyio.to_thread.run_sync(members, self.identity)
+        return self.emptied
 
     def close(self) -> None:
         for fd in (self._handle, self._namespace):
@@ -104,7 +100,7 @@ def namespace_of(pid: int | str) -> tuple[int, int] | None:
 
 def members(identity: tuple[int, int]) -> list[int]:
     """Processes (zombies included) whose pid namespace is ``identity``, seen from the host's
-    /proc: how a test looks from outside (teardown takes the kernel's word, above)."""
+    /proc."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and namespace_of(entry) == identity:
