@@ -75,7 +75,11 @@ async def raw_start(
     client: httpx.AsyncClient, token: str, **limits: Any
 ) -> AsyncIterator[tuple[httpx.Response, str | None]]:
     """A start request by hand; the execution's id once its first event arrived. The rest
-    of the stream's lines are ``LINES[response]``."""
+    of the stream's lines are ``LINES[response]``.
+
+    An execution whose lines the test left unread is terminated, finished and read to its end
+    here. The service frees its slot before that end, so the next test never finds the server
+    full because this one's disconnect had not reached the service yet."""
     async with client.stream(
         "POST", "/v1/executions", content=start_body(**limits), headers=auth(token)
     ) as response:
@@ -88,7 +92,20 @@ async def raw_start(
             execution = first["execution"]
         else:
             await response.aread()
-        yield response, execution
+        try:
+            yield response, execution
+        finally:
+            unread = LINES.pop(id(response), None)
+            if unread is not None:
+                with anyio.fail_after(30), anyio.CancelScope(shield=True):
+                    for action, body in (("terminate", b'{"grace_seconds": 0}'), ("finish", b"{}")):
+                        await client.post(
+                            f"/v1/executions/{execution}/{action}",
+                            content=body,
+                            headers=auth(token),
+                        )
+                    async for _ in unread:
+                        pass
 
 
 LINES: dict[int, AsyncIterator[str]] = {}
