@@ -4,7 +4,8 @@ The floor is the bare start-up (`python -I -c pass`) of the interpreter the back
 measured in the same run, interleaved with the measurements so both see the same machine.
 For each available backend it prints:
 
-- cold: every execution launches its child from nothing;
+- cold: every execution launches its child from nothing, on a quiet machine (the warm pool
+  of the same Sandbox full and idle, as for the floors);
 - warm: a profile that does not set `warm`, in a long-lived Sandbox (its default pool of
   prepared children), at low load (each execution starts once the next child is ready,
   waited for, not guessed, and has then been idle for `--idle` seconds, as between requests
@@ -195,22 +196,28 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int, rou
         floor, cold, warm, bare, awaiting_floor = [], [], [], [], []
         cold_marks: list[Marks] = []
         awaiting: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in AWAITING}
+
+        async def quiet() -> None:
+            # Low load: the pool's next child is ready and has been idle long enough to have
+            # done what an idle child does, so nothing measured shares the machine (or a
+            # container engine) with the pool refilling or a child preparing in the
+            # background: neither the floors nor the cold executions, nor the warm ones.
+            await sandbox.warmed("warm")
+            await anyio.sleep(idle)
+
         for _ in range(runs):
+            await quiet()
             floor.append(time_command(floor_argv))
             awaiting_floor.append(time_command([*floor_argv[:-1], AWAITING_BARE]))
-            # Neither the cold execution nor its bare equivalent shares the machine (or a
-            # container engine) with the warm pool refilling in the background.
-            await sandbox.warmed("warm")
             if bare_command is not None:
                 bare.append(time_command(bare_command()))
             cold.append(await time_run(sandbox, "cold", marks=cold_marks))
-            await sandbox.warmed("warm")  # low load: the next child is ready, and idle
-            await anyio.sleep(idle)
+            await quiet()
             warm.append(await time_run(sandbox, "warm"))
             for name, program in AWAITING.items():
+                await quiet()
                 awaiting[name][0].append(await time_run(sandbox, "cold", program))
-                await sandbox.warmed("warm")
-                await anyio.sleep(idle)
+                await quiet()
                 awaiting[name][1].append(await time_run(sandbox, "warm", program))
         bare_loads, loads = [], []
         before = sandbox.warm_status("warm")
