@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 
 import anyio
 from anyio.abc import ByteReceiveStream
@@ -41,6 +42,7 @@ from .probe_harness import ProbeHarness
 from .process import ExitStatus
 from .result import ExecutionFailure, ExecutionResult
 from .starting import HANDSHAKE_SECONDS
+from .watchers import waited
 
 #: After teardown, how long the host keeps draining output a dying tree may still flush.
 DRAIN_AFTER_EXIT_SECONDS = 2.0
@@ -289,7 +291,14 @@ class ChildDriver:
         )
         if not terms.refused:
             self._calls = calls
-            calls.work.bind(plan.limits.cpu_seconds, plan.limits.memory_bytes, self._program_cpu)
+            # The launch's reading, not a method of this driver: the call server outlives the
+            # execution in its record, and a reference back here would make the execution's
+            # whole state a cycle, left for the garbage collector's pauses to free.
+            calls.work.bind(
+                plan.limits.cpu_seconds,
+                plan.limits.memory_bytes,
+                partial(_program_cpu, self._launched),
+            )
             # Fixed before the program can run: anything counted beyond this came from it.
             # The child's own report is taken too, since the count may lag its probe's.
             self._probe_connections = max(
@@ -299,13 +308,11 @@ class ChildDriver:
                 self._collection_refused = wanted
         return terms, calls
 
-    def _program_cpu(self) -> float | None:
-        usage = self._launched.usage_so_far()
-        return None if usage is None else usage[0]
-
     async def _watch_cancel(self, event: anyio.Event) -> None:
-        await event.wait()
-        self.cancel()
+        # Cancelled when the execution ends uncancelled, which must not leave this driver to
+        # the garbage collector (watchers.py).
+        if await waited(event.wait):
+            self.cancel()
 
     def _hand_back(self, result: ExecutionResult, to: Callable[[ExecutionResult], None]) -> None:
         """Hand ``result`` back ahead of the teardown: the launch learns it first (a leased
@@ -449,3 +456,8 @@ async def _drain(
     finally:
         marked.set()
         done.set()
+
+
+def _program_cpu(launched: Launched) -> float | None:
+    usage = launched.usage_so_far()
+    return None if usage is None else usage[0]

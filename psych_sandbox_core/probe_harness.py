@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 from functools import partial
 
 import anyio
-from anyio.abc import Listener, SocketListener, SocketStream
 
 from .backend import ProbeTargets
 from .temp_dirs import CANARY_PREFIX, make_owned_directory
@@ -20,12 +19,36 @@ from .temp_dirs import CANARY_PREFIX, make_owned_directory
 
 class ProbeHarness:
     """Host-side evidence for one execution: a canary outside any workspace and loopback
-    listeners on both address families that count every connection they see."""
+    listeners on both address families that count every connection they see.
+
+    Nothing waits on the listeners: the kernel completes a loopback connection whether or
+    not anyone accepts it, and keeps it in the listener's queue, so the count is taken from
+    the queues whenever it is read (exact as of that moment, a reset connection included).
+    No task, cancel scope or wake-up of the host's per listener, and a program that
+    connects in a loop costs the host nothing until the count is read."""
 
     def __init__(self) -> None:
-        self.connections = 0
-        self._listeners: list[SocketListener] = []
+        self._counted = 0
+        self._listeners: list[socket.socket] = []
         self.targets: ProbeTargets | None = None
+
+    @property
+    def connections(self) -> int:
+        """Every connection the listeners have been reached by so far."""
+        for listener in self._listeners:
+            while True:
+                try:
+                    connection, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except ConnectionAbortedError:
+                    self._counted += 1  # reached, then aborted before it was taken
+                    continue
+                except OSError:
+                    break  # out of descriptors: the rest stay queued for the next reading
+                connection.close()
+                self._counted += 1
+        return self._counted
 
     @asynccontextmanager
     async def active(self) -> AsyncIterator[ProbeHarness]:
@@ -38,57 +61,40 @@ class ProbeHarness:
             # World-readable on purpose: only a real filesystem boundary can hide it.
             os.chmod(canary, 0o644)
             ports: dict[str, int | None] = {"4": None, "6": None}
-            async with anyio.create_task_group() as tg:
-                for family, host in (("4", "127.0.0.1"), ("6", "::1")):
-                    try:
-                        listener, ports[family] = await _loopback_listener(family, host)
-                    except OSError:
-                        continue  # no such address family on this host: nothing to reach
-                    self._listeners.append(listener)
-                    tg.start_soon(self._count, listener)
-                self.targets = ProbeTargets(
-                    canary_path=canary, port4=ports["4"], port6=ports["6"], host_pid=os.getpid()
-                )
+            for family, host in (("4", "127.0.0.1"), ("6", "::1")):
                 try:
-                    yield self
-                finally:
-                    tg.cancel_scope.cancel()
+                    listener, ports[family] = _loopback_listener(family, host)
+                except OSError:
+                    continue  # no such address family on this host: nothing to reach
+                self._listeners.append(listener)
+            self.targets = ProbeTargets(
+                canary_path=canary, port4=ports["4"], port6=ports["6"], host_pid=os.getpid()
+            )
+            yield self
         finally:
-            # Shielded: on cancellation the listeners still close and the canary is removed,
-            # in a worker thread: on a busy disk a directory's removal took milliseconds
-            # (26 ms at worst, measured), and the event loop serves every other execution
-            # meanwhile.
+            for listener in self._listeners:
+                listener.close()
+            # Shielded: on cancellation the canary is still removed, in a worker thread: on
+            # a busy disk a directory's removal took milliseconds (26 ms at worst,
+            # measured), and the event loop serves every other execution meanwhile.
             with anyio.CancelScope(shield=True):
-                for listener in self._listeners:
-                    await listener.aclose()
                 await anyio.to_thread.run_sync(
                     partial(shutil.rmtree, directory, ignore_errors=True)
                 )
 
-    async def _count(self, listener: Listener[SocketStream]) -> None:
-        async def on_connection(stream: SocketStream) -> None:
-            self.connections += 1
-            await stream.aclose()
 
-        try:
-            await listener.serve(on_connection)
-        except anyio.ClosedResourceError:
-            return
-
-
-async def _loopback_listener(family: str, host: str) -> tuple[SocketListener, int]:
-    """A listener on ``host`` (a literal loopback address), any free port, and that port.
-    Made directly: anyio's create_tcp_listener resolves even a literal address in a worker
-    thread, a thread hop on the path of every execution; the port is the socket's own (the
-    listener's attribute map builds every attribute, a failing peer lookup among them)."""
+def _loopback_listener(family: str, host: str) -> tuple[socket.socket, int]:
+    """A listening socket on ``host`` (a literal loopback address), any free port, and that
+    port; non-blocking, so its queue is read without waiting."""
     sock = socket.socket(socket.AF_INET if family == "4" else socket.AF_INET6, socket.SOCK_STREAM)
     try:
         if family == "6":
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, 0))
         sock.listen()
+        sock.setblocking(False)
         port: int = sock.getsockname()[1]
     except BaseException:
         sock.close()
         raise
-    return await SocketListener.from_socket(sock), port
+    return sock, port

@@ -18,6 +18,7 @@ from anyio.abc import ByteReceiveStream
 
 from .backend import BackendUnavailable, Launched, LaunchRequest
 from .process import ExitStatus
+from .watchers import waited
 
 #: How long a child may take to connect and report before the host gives up on it. Start-up
 #: of a container runtime is the slowest case we know of (a few seconds cold).
@@ -104,9 +105,11 @@ async def wait_started(
 
             async def exiting() -> None:
                 nonlocal exited
-                await launched.wait_exited()
-                exited = True
-                tg.cancel_scope.cancel()
+                # Most children start: this watcher is then cancelled, and must leave
+                # nothing of the launch behind it (watchers.py).
+                if await waited(launched.wait_exited):
+                    exited = True
+                    tg.cancel_scope.cancel()
 
             tg.start_soon(starting)
             tg.start_soon(exiting)
