@@ -40,6 +40,7 @@ from .errors import ProtocolViolation
 from .link import FrameLink
 from .protocol import CallFrame
 from .suspension import watching
+from .watchers import waited
 
 #: Calls in flight when the run frame names no limit (the child's default).
 DEFAULT_CALLS_IN_FLIGHT = 16
@@ -188,7 +189,10 @@ class CallsInFlight:
                 continue
             wake = anyio.Event()
             self._idle.append(wake)
-            await wake.wait()
+            # An idle worker is cancelled with the calls' task group when the program ends,
+            # and must leave nothing behind it (watchers.py).
+            if not await waited(wake.wait):
+                return
 
     async def _serve(self, call: AcceptedCall, scope: anyio.CancelScope) -> None:
         call_id = call.frame.id

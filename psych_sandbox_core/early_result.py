@@ -16,6 +16,7 @@ import anyio
 
 from .backend import Launched
 from .plan import ExecutionPlan
+from .watchers import waited
 
 #: After a result was handed back early, how long the teardown waits for the child's own
 #: exit before killing it (it exits right after its result frame).
@@ -66,15 +67,16 @@ async def settled_or_exited(settled: list[anyio.Event], launched: Launched) -> N
         # The usual case (the markers go out before the result frame): no race to run.
         return
     async with anyio.create_task_group() as race:
-
+        # The loser is cancelled, and must leave nothing behind it (watchers.py).
         async def markers() -> None:
             for event in settled:
-                await event.wait()
+                if not await waited(event.wait):
+                    return
             race.cancel_scope.cancel()
 
         async def exited() -> None:
-            await launched.wait_exited()
-            race.cancel_scope.cancel()
+            if await waited(launched.wait_exited):
+                race.cancel_scope.cancel()
 
         race.start_soon(markers)
         race.start_soon(exited)
