@@ -314,7 +314,14 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
         # wait4's rusage stops at what was reaped: a program that ignores SIGCHLD hides its
         # children's usage from it. Only the cgroup counts everything; without one, usage is
         # not measured rather than reported low.
-        cpu, peak = (None, None) if self.cgroup is None else await self.cgroup.final_usage()
+        cpu, peak = None, None
+        if self.cgroup is not None and reaped is None and ended:
+            # Everything of the program's is gone (its namespace seen empty), so its usage is
+            # final, though the outer process may still be in the cgroup, exiting on its own:
+            # ours, and none of the program's work is in it.
+            cpu, peak = self.cgroup.usage()
+        elif self.cgroup is not None:
+            cpu, peak = await self.cgroup.final_usage()
         return replace(status, cpu_seconds=cpu, peak_memory_bytes=peak, tree_ended=ended)
 
 
