@@ -1969,12 +1969,12 @@ def _pid_namespace_init(libc, init_report):
         program = os.fork()
         if program:
             _reap_as_init(program, report_write, init_report)
-        # The program's process: the reports are the init's alone.
-        os.close(report_write)
-        if init_report is not None:
-            os.close(init_report)
     except BaseException:
         _init_failed(report_write)
+    # The program's process: the reports are the init's alone.
+    os.close(report_write)
+    if init_report is not None:
+        os.close(init_report)
     die_with_parent()
 
 
@@ -2017,8 +2017,10 @@ def _exit_like(pid, report):
         if not chunk:
             break
         reported += chunk
-    # Only SIGKILL ends an init without its report (nothing else can, from outside its
-    # namespace or inside; its own failures report, see _init_failed).
+    # An init ends without a report only when it is killed: by SIGKILL (its namespace killed
+    # by the host, or the kernel out of memory; nothing in the namespace can signal it),
+    # or a crash of its own, whose signal is not known here (it was released by the kernel).
+    # Its own failures report, see _init_failed.
     status = int(reported) if reported.strip().isdigit() else SIGKILL
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
