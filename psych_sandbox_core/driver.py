@@ -190,9 +190,11 @@ class ChildDriver:
                     def program_given() -> None:
                         # The program's own wall clock starts as it is given to the child:
                         # a cold child's launch and handshake (slow under load) do not
-                        # count against it, only against the first deadline.
-                        wall.deadline = anyio.current_time() + wall_seconds
-                        strike.move(wall_seconds)
+                        # count against it, only against the first deadline. Unless that
+                        # deadline was struck already (the child is being terminated): a
+                        # loop late to its own timer must not move it then.
+                        if strike.move(wall_seconds):
+                            wall.deadline = anyio.current_time() + wall_seconds
 
                     try:
                         await self._converse(

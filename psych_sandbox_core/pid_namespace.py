@@ -6,6 +6,10 @@ Teardown is then the host's own act: SIGKILL to the init through that pidfd (the
 everything else in the namespace, and the init exits only once all of it is reaped), the pidfd
 becoming readable, and a scan of /proc that no process is left in the namespace. Nothing here
 asks the program, or any process it could reach, to cooperate.
+
+The init also reports on the same socket how the program's process ended (bootstrap
+``_reap_as_init``) and then exits: a host that has asked the program to end learns that it did
+from the init, one process of ours away, not from the outer process behind it.
 """
 
 from __future__ import annotations
@@ -17,8 +21,22 @@ from dataclasses import dataclass, field
 
 import anyio
 
-#: The report is the init's pid in decimal (the descriptors travel beside it).
-MAX_REPORT_BYTES = 32
+#: The report is the init's pid in decimal (the descriptors travel beside it); the init's own,
+#: this tag, then the program's wait status in decimal and the CPU seconds of what the init
+#: reaped (a copy of bootstrap.EXIT_REPORT).
+MAX_REPORT_BYTES = 64
+EXIT_REPORT = b"exit "
+
+
+@dataclass(frozen=True)
+class ProgramEnd:
+    """How the program's process ended, as the namespace's init reported it."""
+
+    #: Its wait status, as waitpid gave it to the init.
+    status: int
+    #: CPU seconds of it and of whatever else the init reaped (wait4's lower bound: a program
+    #: can hide children from it).
+    reaped_cpu_seconds: float
 
 
 @dataclass
@@ -31,6 +49,10 @@ class PidNamespace:
     identity: tuple[int, int]
     _namespace: int = field(repr=False)
     _handle: int = field(repr=False)
+    #: The report socket, on which the init reports the program's end (the caller's to close).
+    _report: socket.socket = field(repr=False)
+    #: How the program's process ended, as its init reported it, once read.
+    _program_end: ProgramEnd | None = field(default=None, repr=False)
     #: Whether teardown saw the namespace empty (None until it looked).
     emptied: bool | None = None
 
@@ -39,12 +61,23 @@ class PidNamespace:
         """The namespace the bootstrap reports on ``report``, or None if it reported none
         (it exited first, or its interpreter has no pidfds). Raises TimeoutError when the
         bootstrap says nothing within ``seconds``."""
+        ended: ProgramEnd | None = None
         with anyio.fail_after(seconds):
-            await anyio.wait_readable(report)
-        try:
-            message, fds, _, _ = socket.recv_fds(report, MAX_REPORT_BYTES, 2, socket.MSG_DONTWAIT)
-        except OSError:
-            return None
+            while True:
+                await anyio.wait_readable(report)
+                try:
+                    message, fds, _, _ = socket.recv_fds(
+                        report, MAX_REPORT_BYTES, 2, socket.MSG_DONTWAIT
+                    )
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return None
+                # The init's report of a program's process that ended at once can come first.
+                status = None if fds else _exit_report(message)
+                if status is None:
+                    break
+                ended = status
         try:
             pid = int(message.decode("ascii"))
             if len(fds) != 2:
@@ -54,7 +87,27 @@ class PidNamespace:
             for fd in fds:
                 os.close(fd)
             return None
-        return cls(pid, (info.st_dev, info.st_ino), fds[0], fds[1])
+        return cls(pid, (info.st_dev, info.st_ino), fds[0], fds[1], report, ended)
+
+    async def wait_exited(self) -> None:
+        """Return once the init has exited, which ends the namespace (the kernel kills every
+        other member and waits until each is reaped before the init can exit), without
+        killing it."""
+        if self._handle >= 0:
+            await anyio.wait_readable(self._handle)
+
+    def program_end(self) -> ProgramEnd | None:
+        """How the program's process ended, as its init reported it (it reports before it
+        exits), or None if it has not (yet), or was killed first."""
+        while self._program_end is None:
+            try:
+                message = self._report.recv(MAX_REPORT_BYTES, socket.MSG_DONTWAIT)
+            except OSError:
+                return None  # nothing (yet), or the socket is closed
+            if not message:
+                return None  # every sender is gone
+            self._program_end = _exit_report(message)
+        return self._program_end
 
     def kill(self) -> None:
         """SIGKILL the init by its pidfd: the kernel then kills every process in the namespace
@@ -79,14 +132,47 @@ class PidNamespace:
             # The init exits last: the kernel has it wait until every other member is reaped.
             await anyio.wait_readable(self._handle)
             exited = True
-        self.emptied = exited and not await anyio.to_thread.run_sync(members, self.identity)
+        self.emptied = exited and not await anyio.to_thread.run_sync(self._left)
         return self.emptied
+
+    def _left(self) -> list[int]:
+        """The namespace's members, but for its init listed as dead: exited, and being
+        released by the kernel as its own last step (its parent keeps no zombies, see
+        bootstrap ``_pid_namespace_init``), which a host woken by its exit can still see. A
+        zombie init is listed: it waits for someone to reap it."""
+        return [
+            pid
+            for pid in members(self.identity)
+            if not (pid == self.init_pid and _state_of(pid) in ("X", None))
+        ]
 
     def close(self) -> None:
         for fd in (self._handle, self._namespace):
             if fd >= 0:
                 os.close(fd)
         self._handle = self._namespace = -1
+
+
+def _exit_report(message: bytes) -> ProgramEnd | None:
+    """What an init's report says, or None if ``message`` is not one."""
+    if not message.startswith(EXIT_REPORT):
+        return None
+    try:
+        status, spent = message[len(EXIT_REPORT) :].decode("ascii").split()
+        end = ProgramEnd(int(status), float(spent))
+        os.waitstatus_to_exitcode(end.status)  # (a status a process can end with)
+    except ValueError:
+        return None
+    return end
+
+
+def _state_of(pid: int) -> str | None:
+    """The state letter /proc gives ``pid`` (R, S, Z, X...), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0].decode("ascii")
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
 
 
 def namespace_of(pid: int | str) -> tuple[int, int] | None:

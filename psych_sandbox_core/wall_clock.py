@@ -48,12 +48,17 @@ class Armed:
     def __init__(self, strike: Callable[[], None]) -> None:
         self._strike = strike
         self._entry: tuple[float, int, Armed] | None = None
+        #: Whether the thread has taken this deadline to strike it.
+        self._struck = False
 
-    def move(self, delay_seconds: float) -> None:
-        """Strike ``delay_seconds`` from now (instead of when armed before)."""
+    def move(self, delay_seconds: float) -> bool:
+        """Strike ``delay_seconds`` from now (instead of when armed before); False, moving
+        nothing, if it has struck already (the caller is then past its deadline)."""
         global _live
         deadline = time.monotonic() + max(0.0, delay_seconds)
         with _lock:
+            if self._struck:
+                return False
             if self._entry is None:
                 _live += 1
             self._entry = (deadline, next(_sequence), self)
@@ -62,6 +67,7 @@ class Armed:
                 _compact_locked()
             if not _start_locked() and deadline < _sleeping_until:
                 _lock.notify()
+        return True
 
     def disarm(self) -> None:
         """Never strike. The thread drops the entry when it comes first."""
@@ -137,6 +143,7 @@ def _run() -> None:
                 if wait <= 0:
                     heapq.heappop(_heap)
                     armed._entry = None
+                    armed._struck = True
                     _live -= 1
                     break
                 _sleeping_until = deadline

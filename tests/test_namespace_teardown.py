@@ -9,17 +9,18 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import textwrap
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from typing import Any
 
 import anyio
 import pytest
 
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core.pid_namespace import members, namespace_of
+from psych_sandbox_core.pid_namespace import PidNamespace, ProgramEnd, members, namespace_of
 from psych_sandbox_core.testing.as_user import (
     SYSTEM_PYTHON,
     staged_environment,
@@ -379,7 +380,9 @@ async def test_an_unprivileged_host_keeps_its_ancestors_out_of_reach_and_nothing
     staged = staged_environment(
         editable=("psych_sandbox_core",),
         leave_out=(
-            "psych_sandbox_bwrap", "psych_sandbox_docker", "psych_sandbox_example",
+            "psych_sandbox_bwrap",
+            "psych_sandbox_docker",
+            "psych_sandbox_example",
             "psych_sandbox_remote",
         ),
     )
@@ -508,3 +511,81 @@ async def test_a_namespace_not_seen_empty_is_graded_so(monkeypatch: pytest.Monke
     assert unseen.level == "process" and unseen.error is None
     assert unseen.return_value == 7
     assert await wait_for_pids(mark, present=False) == []
+
+
+def resume(pid: int) -> None:
+    with suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_program_dying_of_sigterm_is_not_kept_waiting_for_the_outer_bootstrap() -> None:
+    """A timed-out program that dies of SIGTERM ends its namespace through its init alone:
+    the result comes back while the outer bootstrap (the host's child, which only mirrors how
+    the program ended) is stopped by this test, with the tree seen ended and nothing left in
+    the namespace, not even the init as a zombie. Meanwhile the outer bootstrap holds none of
+    the execution's descriptors (only its pipe from the init); it is reaped once it runs."""
+    mark = marker()
+    program = (
+        f"import subprocess, sys, time\nWAITER = {split(mark)}\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(1)', "
+        "WAITER])\ntime.sleep(60)\n"
+    )
+    result: Any = None
+    with ExitStack() as hold:
+        async with Sandbox(config(wall_seconds=4.0)) as sandbox:
+            async with anyio.create_task_group() as tg:
+
+                async def execution() -> None:
+                    nonlocal result
+                    result = await sandbox.run(program, profile=PROFILE)
+
+                tg.start_soon(execution)
+                (waiter,) = await wait_for_pids(mark)
+                namespace = hold.enter_context(held_namespace(waiter))
+                program_pid = parent_of(waiter)
+                outer = parent_of(parent_of(program_pid))
+                assert parent_of(outer) == os.getpid(), "the outer bootstrap is the host's child"
+                outer_fd = os.pidfd_open(outer)
+                hold.callback(os.close, outer_fd)
+                held = [
+                    os.readlink(f"/proc/{outer}/fd/{fd}") for fd in os.listdir(f"/proc/{outer}/fd")
+                ]
+                assert len(held) == 1 and held[0].startswith("pipe:"), held
+                os.kill(outer, signal.SIGSTOP)
+                hold.callback(resume, outer)  # should the run not return
+                # Stopped while the program still runs, before its deadline.
+                assert status_of(program_pid)["State"][:1] in ("S", "R")
+            assert result.error is not None and result.error.kind.value == "timeout"
+            assert result.grades["process_tree"] == "enforced"
+            assert status_of(outer)["State"][:1] == "T", "the host waited for the outer bootstrap"
+            assert members(namespace) == []
+            assert pids_with(mark) == []
+            resume(outer)
+        # The Sandbox closed once the launch's teardown was over: the outer bootstrap reaped.
+        with pytest.raises(ProcessLookupError):
+            signal.pidfd_send_signal(outer_fd, 0)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_inits_report_is_read_whichever_comes_first() -> None:
+    """The init reports the program's end on the socket the outer bootstrap hands the
+    namespace over on; a program that ended at once has it arrive first. The hand-over is
+    still taken, and the report kept (status and CPU exactly as sent); what is not a report
+    is ignored."""
+    host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    own = [os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC), os.pidfd_open(os.getpid())]
+    try:
+        child.send(b"exit 2304 0.250000")  # exited with status 9
+        socket.send_fds(child, [str(os.getpid()).encode()], own)
+        child.send(b"exit nonsense")
+        namespace = await PidNamespace.receive(host, 5.0)
+        assert namespace is not None and namespace.init_pid == os.getpid()
+        assert namespace.identity == namespace_of(os.getpid())
+        assert namespace.program_end() == ProgramEnd(status=2304, reaped_cpu_seconds=0.25)
+        namespace.close()
+    finally:
+        for fd in own:
+            os.close(fd)
+        host.close()
+        child.close()

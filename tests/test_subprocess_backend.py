@@ -186,6 +186,20 @@ async def test_run_timeout_argument_narrows_the_wall_clock() -> None:
     assert result.error is not None and result.error.kind is ErrorKind.TIMEOUT
 
 
+async def test_a_program_that_handles_sigterm_gets_its_grace_window() -> None:
+    # The timeout's SIGTERM reaches the program's own handler, which ends it within the grace
+    # window: what it wrote then is in the (timed-out) result.
+    source = (
+        "import os, signal, time\n"
+        "def finish(*_):\n    print('cleaned up', flush=True)\n    os._exit(3)\n"
+        "signal.signal(signal.SIGTERM, finish)\n"
+        "time.sleep(60)\n"
+    )
+    result = await run(source, wall_seconds=0.5, grace_seconds=10.0)
+    assert result.error is not None and result.error.kind is ErrorKind.TIMEOUT
+    assert result.stdout == "cleaned up\n"
+
+
 # ---------------------------------------------------------------- inherited limits
 
 INNER_HOST = """

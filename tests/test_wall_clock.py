@@ -141,3 +141,16 @@ def test_the_thread_serves_one_deadline_after_another_then_exits_once_idle(
     thread.join(10)
     assert not thread.is_alive()
     assert wall_clock._thread is None
+
+
+def test_a_deadline_struck_already_is_not_moved() -> None:
+    # A caller that moves its deadline (the driver, as it gives the program) learns that the
+    # thread struck it first, and the deadline stays struck (the driver then keeps its own).
+    struck = threading.Event()
+    armed = wall_clock.arm(0.0, struck.set)
+    try:
+        assert struck.wait(10)
+        assert armed.move(60.0) is False
+        assert all(entry[2] is not armed for entry in wall_clock._heap)  # not re-armed
+    finally:
+        armed.disarm()

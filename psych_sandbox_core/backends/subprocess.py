@@ -62,7 +62,7 @@ from ..backend_kit import (
 )
 
 # The one mechanism of this backend's own: a pid namespace whose init it holds by a pidfd.
-from ..pid_namespace import PidNamespace
+from ..pid_namespace import PidNamespace, ProgramEnd
 
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
@@ -269,6 +269,9 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
     ) -> None:
         super().__init__(process, channel, mechanisms, cgroup)
         self._namespace = namespace
+        #: How the program's process ended, as its init reported it, once terminate saw
+        #: the init exit after it: then finish need not wait for the outer process.
+        self._reported: ProgramEnd | None = None
         # A warm result may be handed back before teardown: the pipes carry exactly what the
         # child wrote, the cgroup measures usage so far and tells whether anything the
         # program started is left (only then are its workspace's files collected early).
@@ -276,28 +279,69 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
 
     async def terminate(self, grace_seconds: float) -> None:
         self.process.signal_group(signal.SIGTERM)
+        namespace = self._namespace
         with anyio.move_on_after(grace_seconds):
-            await self.process.wait_exited()
-        await _kill(self.process, self._namespace)
+            if namespace is None:
+                await self.process.wait_exited()
+            else:
+                # The init exits once it has reaped the program's process and reported how
+                # it ended, and the namespace with it; the outer process only mirrors that
+                # ending, later (a wake-up of one more process at the execution's low CPU
+                # weight, which a loaded host would otherwise wait for).
+                await namespace.wait_exited()
+                self._reported = namespace.program_end()
+        if self._reported is None:
+            # The grace window is over (or the init went without a report): kill it all.
+            await _kill(self.process, namespace)
 
     async def finish(self) -> ExitStatus:
-        await _kill(self.process, self._namespace)
-        status = await self.process.kill_and_reap()
+        reaped: ExitStatus | None = None
+        if self._reported is None:
+            # (Otherwise the program ended within its grace window, and the outer process is
+            # reaped by the launch's teardown, once it has exited on its own: the init it
+            # waits for is then never orphaned.)
+            await _kill(self.process, self._namespace)
+            reaped = await self.process.kill_and_reap()
         ended: bool | None = None
+        end: ProgramEnd | None = None
         if self._namespace is not None:
             ended = await self._namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS)
+            end = self._namespace.program_end()
+        # The program's own ending where its init reported it (the outer process mirrors its
+        # status, but wait4 on it no longer counts the CPU of what the init reaped).
+        status = reaped if end is None else _ended_as(end)
+        assert status is not None  # (no report, so reaped above)
         # wait4's rusage stops at what was reaped: a program that ignores SIGCHLD hides its
         # children's usage from it. Only the cgroup counts everything; without one, usage is
         # not measured rather than reported low.
-        cpu, peak = (None, None) if self.cgroup is None else await self.cgroup.final_usage()
+        cpu, peak = None, None
+        if self.cgroup is not None and reaped is None and ended:
+            # Everything of the program's is gone (its namespace seen empty), so its usage is
+            # final, though the outer process may still be in the cgroup, exiting on its own:
+            # ours, and none of the program's work is in it.
+            cpu, peak = self.cgroup.usage()
+        elif self.cgroup is not None:
+            cpu, peak = await self.cgroup.final_usage()
         return replace(status, cpu_seconds=cpu, peak_memory_bytes=peak, tree_ended=ended)
+
+
+def _ended_as(end: ProgramEnd) -> ExitStatus:
+    code = os.waitstatus_to_exitcode(end.status)
+    return ExitStatus(
+        code=code if code >= 0 else None,
+        signal=-code if code < 0 else None,
+        cpu_seconds=None,
+        peak_memory_bytes=None,
+        reaped_cpu_seconds=end.reaped_cpu_seconds,
+    )
 
 
 async def _kill(process: ManagedProcess, namespace: PidNamespace | None) -> None:
     """Kill everything of the execution. The namespace first, by the init's pidfd: whatever the
     program did to its process group and sessions, everything in the namespace dies with its
-    init; the outer process then reaps the init and exits (it ignores the group's SIGTERM), so
-    no init is left for the system to reap. Then SIGKILL to the group, for whatever is left."""
+    init; the outer process exits once the init is gone (it ignores the group's SIGTERM), so
+    no init is orphaned, left for the system to reap. Then SIGKILL to the group, for whatever
+    is left."""
     if namespace is not None:
         namespace.kill()
         with anyio.move_on_after(NAMESPACE_TEARDOWN_SECONDS):
