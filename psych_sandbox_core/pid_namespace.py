@@ -163,6 +163,8 @@ def _exit_report(message: bytes) -> ProgramEnd | None:
         os.waitstatus_to_exitcode(end.status)  # (a status a process can end with)
     except ValueError:
         return None
+    if not 0.0 <= end.reaped_cpu_seconds < 1e9:  # NaN and infinities fail this too
+        return None
     return end
 
 

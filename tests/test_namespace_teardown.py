@@ -20,7 +20,13 @@ import anyio
 import pytest
 
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core.pid_namespace import PidNamespace, ProgramEnd, members, namespace_of
+from psych_sandbox_core.pid_namespace import (
+    PidNamespace,
+    ProgramEnd,
+    _exit_report,
+    members,
+    namespace_of,
+)
 from psych_sandbox_core.testing.as_user import (
     SYSTEM_PYTHON,
     staged_environment,
@@ -589,3 +595,13 @@ async def test_the_inits_report_is_read_whichever_comes_first() -> None:
             os.close(fd)
         host.close()
         child.close()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [b"exit 0 nan", b"exit 0 inf", b"exit 0 -1", b"exit 0 1e300", b"exit -1 0.1", b"exit 0"],
+)
+def test_a_report_that_no_init_could_send_is_not_one(message: bytes) -> None:
+    # The init is ours, but its report still arrives as bytes: only a real wait status and
+    # a finite, non-negative CPU figure are taken.
+    assert _exit_report(message) is None
