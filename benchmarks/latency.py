@@ -89,7 +89,7 @@ PHASES = {
     "probe targets": "probes: canary file and loopback listeners made",
     "identity leased": "identity: a uid leased",
     "cgroup made": "cgroup: made, capped, opened for joining",
-    "container created": "docker: socket directory, cgroup parent, the engine's create",
+    "container created": "docker: run directory (socket, bootstrap), cgroup parent, create",
     "spawned": "spawn (launcher started; docker: attached, exit watched, started)",
     "namespace reported": "child: interpreter start, containment, pid namespace's init",
     "connected": "child: (namespaces,) interpreter start, bootstrap, to its channel",

@@ -14,12 +14,21 @@ backends), the code travels in a memory file instead, as it is: about 110 KiB of
 line costs an interpreter 2 to 3 ms of start-up decoding it (into sys.argv and
 sys.orig_argv), and the text form's decompression more. The stub reads it and closes the
 descriptor before the bootstrap runs, so no program ever holds it.
+
+Where the child runs an interpreter the host cannot run and cannot be handed descriptors (a
+container's, from its image), the host writes the code it compiled itself, after its
+bytecode magic, with the source beside it, into a directory the child reads and can never
+write (a container's read-only run directory); the child runs the code only if its own
+interpreter has the same magic, and the source otherwise. Every start checks; nothing is
+assumed about the image.
 """
 
 from __future__ import annotations
 
 import binascii
 import hashlib
+import importlib.util
+import marshal
 import os
 import subprocess
 import zlib
@@ -40,6 +49,22 @@ _FILE_STUB = (
     "f=int(sys.argv.pop(1));c=os.pread(f,int(sys.argv.pop(1)),0);os.close(f);"
     "exec(marshal.loads(c))"
 )
+#: The same from files in a directory of the host's (its path in the child is the first
+#: argument): the code after the magic of the interpreter that compiled it, which the child
+#: runs only if its own has the same magic (marshalled code is valid for no other), else the
+#: source. ``_frozen_importlib_external`` is loaded at every start: importing it costs nothing.
+_DIRECTORY_STUB = (
+    "import sys,marshal,_frozen_importlib_external as m\n"
+    "d=sys.argv.pop(1)\n"
+    "with open(d+'/bootstrap.code','rb') as f:c=f.read()\n"
+    "if c[:4]==m.MAGIC_NUMBER:c=marshal.loads(c[4:])\n"
+    "else:\n"
+    " with open(d+'/bootstrap.py','rb') as f:c=f.read()\n"
+    "exec(c)"
+)
+#: The files _DIRECTORY_STUB reads.
+CODE_FILE = "bootstrap.code"
+SOURCE_FILE = "bootstrap.py"
 _COMPILER = (
     "import sys,marshal;"
     "sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(),"
@@ -102,6 +127,36 @@ def _compiled(interpreter: str, digest: str, source: str) -> bytes | None:
     return completed.stdout or None
 
 
+def directory_arguments(source: str, directory: str, child_directory: str) -> list[str]:
+    """The interpreter arguments that run ``source`` from ``directory``, a directory of the
+    host's that the child sees at ``child_directory``, can read and can never write: the
+    bootstrap's files are written there now (readable by anyone, writable by no one but
+    the host's owner). The child runs the code compiled here where its interpreter has this
+    one's bytecode magic, else the source."""
+    for name, data in (
+        (CODE_FILE, _compiled_here(_digest(source), source)),
+        (SOURCE_FILE, source.encode()),
+    ):
+        fd = os.open(
+            os.path.join(directory, name),
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+            0o444,
+        )
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+    return ["-c", _DIRECTORY_STUB, child_directory]
+
+
+@lru_cache(maxsize=16)
+def _compiled_here(digest: str, source: str) -> bytes:
+    """The bootstrap compiled and marshalled by this process, after its bytecode magic (as
+    a child started without -O would compile it)."""
+    code = compile(source, "<bootstrap>", "exec", dont_inherit=True, optimize=0)
+    return importlib.util.MAGIC_NUMBER + marshal.dumps(code)
+
+
 @lru_cache(maxsize=16)
 def _payload(code: bytes) -> str | None:
     """The compiled bootstrap as one command-line argument, if it fits in one."""
@@ -116,13 +171,17 @@ def _memory_file(code: bytes) -> int | None:
     except (AttributeError, OSError):
         return None
     try:
-        view = memoryview(code)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, code)
     except OSError:
         os.close(fd)
         return None
     return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 @lru_cache(maxsize=1)

@@ -17,6 +17,7 @@ import anyio
 from anyio.abc import ByteReceiveStream
 
 from .backend import BackendUnavailable, Launched, LaunchRequest
+from .bootstrap_loader import directory_arguments
 from .process import ExitStatus
 from .watchers import waited
 
@@ -44,23 +45,27 @@ def bootstrap_argv(
     request: LaunchRequest,
     channel_spec: str,
     *,
-    precompiled: bool = True,
     passed_fds: list[int] | None = None,
+    directory: tuple[str, str] | None = None,
 ) -> list[str]:
     """The child's command line: ``interpreter`` in isolated, unbuffered mode, without the
     site module (the bootstrap does its part: see its _as_site_would), running the
-    bootstrap, then the channel and probe arguments. ``precompiled`` when the host can run
-    that very interpreter (the bootstrap is then compiled once for it); False when it cannot
-    (an image's). ``passed_fds``: the descriptors the child is given, to which the compiled
-    code's may be added (the caller closes it once the child is spawned; see
-    bootstrap_loader.py). Append backend-specific arguments (``pid-namespace=1`` and the
-    like)."""
+    bootstrap, then the channel and probe arguments. ``passed_fds``: the descriptors the
+    child is given, to which the compiled code's may be added (the caller closes it once
+    the child is spawned; see bootstrap_loader.py). ``directory``, for a child whose
+    interpreter the host cannot run (an image's): a directory of the host's (its path here,
+    its path in the child) the child can read and never write, where the bootstrap is
+    written for it. Append backend-specific arguments (``pid-namespace=1`` and the like)."""
     return [
         interpreter,
         "-I",
         "-S",
         "-u",
-        *request.bootstrap_command(interpreter if precompiled else None, passed_fds),
+        *(
+            request.bootstrap_command(interpreter, passed_fds)
+            if directory is None
+            else directory_arguments(request.bootstrap_source, *directory)
+        ),
         f"channel={channel_spec}",
         "probe=" + json.dumps(request.probe.as_json_object()),
     ]

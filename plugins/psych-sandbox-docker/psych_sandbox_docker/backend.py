@@ -268,7 +268,7 @@ class DockerBackend(
         identity: tuple[int, int] = (NOBODY, NOBODY),
     ) -> dict[str, object]:
         """The engine API's container-create body for one execution (what ``docker run``'s
-        hardening flags amount to)."""
+        hardening flags amount to); writes the bootstrap into ``socket_dir`` for it."""
         s = self.options
         limits = request.limits
         runsc = s.runtime == "runsc"
@@ -312,8 +312,12 @@ class DockerBackend(
         environment = {**child_environment(TMP), **request.environment}
         return {
             "Image": s.image,
-            # The image's interpreter is not the host's to run: no precompiling for it.
-            "Cmd": bootstrap_argv(INTERPRETER, request, channel_spec, precompiled=False),
+            # The image's interpreter is not the host's to run: the bootstrap is written to
+            # the read-only run directory, compiled here (run where the image's interpreter
+            # has the host's bytecode magic) and as source (anywhere else).
+            "Cmd": bootstrap_argv(
+                INTERPRETER, request, channel_spec, directory=(str(socket_dir), CHILD_RUN_DIR)
+            ),
             "Entrypoint": [],
             "User": f"{uid}:{gid}",
             "Hostname": "sandbox",
