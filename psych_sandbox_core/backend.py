@@ -7,7 +7,6 @@ applied, the child reports what it observes, and the core grades both.
 
 from __future__ import annotations
 
-import signal
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -205,7 +204,7 @@ class ProcessLaunched(Launched, Generic[Channel]):
 
     def terminate_from_thread(self) -> None:
         # The first step of ManagedProcess.terminate; signal_group is safe from any thread.
-        self.process.signal_group(signal.SIGTERM)
+        self.process.ask_to_end()
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
         return None if self.cgroup is None else self.cgroup.usage()

@@ -85,6 +85,7 @@ class ManagedProcess:
         # Held while a signal is sent and while the child is reaped: a signal from another
         # thread (the wall clock's, see wall_clock.py) must never reach a reused pid.
         self._reaping = threading.Lock()
+        self._asked_to_end = False
 
     @classmethod
     async def spawn(
@@ -182,9 +183,19 @@ class ManagedProcess:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def ask_to_end(self) -> None:
+        """SIGTERM the group, once: the wall clock's thread strikes it at the deadline and the
+        loop's terminate follows, and a program that handles SIGTERM must see one request to
+        end, not a second one arriving inside its handler. Safe from any thread."""
+        with self._reaping:
+            if self._asked_to_end:
+                return
+            self._asked_to_end = True
+        self.signal_group(signal.SIGTERM)
+
     async def terminate(self, grace_seconds: float) -> None:
         """SIGTERM the group, wait out the grace window, then SIGKILL the group."""
-        self.signal_group(signal.SIGTERM)
+        self.ask_to_end()
         with anyio.move_on_after(grace_seconds):
             await self.wait_exited()
         self.signal_group(signal.SIGKILL)

@@ -9,6 +9,7 @@ import ast
 import os
 import random
 import select
+import signal
 import sys
 from collections.abc import AsyncIterator, Collection, Iterator
 from contextlib import asynccontextmanager
@@ -399,4 +400,43 @@ async def test_a_child_that_started_is_not_failed_by_its_launchers_exit() -> Non
         assert os.read(read, 16) == b"up"
     finally:
         os.close(read)
+        await process.aclose()
+
+
+ENDS_ON_USR1 = """
+import os, signal, time
+done = []
+signal.signal(signal.SIGTERM, lambda *_: os.write(1, b"T"))
+signal.signal(signal.SIGUSR1, lambda *_: done.append(os.write(1, b"U")))
+os.write(1, b"R")
+while not done:
+    time.sleep(0.005)
+os.write(1, b"E")
+"""
+
+
+@pytest.mark.anyio
+async def test_a_process_is_asked_to_end_once() -> None:
+    # The wall clock's thread asks at the deadline and the loop's terminate asks again: a
+    # program handling SIGTERM must see one request. The second ask comes after the first
+    # was handled; SIGUSR1 then ends the program, and a second SIGTERM sent before it would
+    # have been handled first or in the same pass of the interpreter's signal handlers.
+    process = await ManagedProcess.spawn([sys.executable, "-c", ENDS_ON_USR1], env={}, cwd="/")
+    output = b""
+
+    async def until(marker: bytes) -> None:
+        nonlocal output
+        with anyio.fail_after(30):
+            while marker not in output:
+                output += await process.stdout.receive()
+
+    try:
+        await until(b"R")
+        process.ask_to_end()
+        await until(b"T")
+        process.ask_to_end()
+        process.signal_group(signal.SIGUSR1)
+        await until(b"E")
+        assert output == b"RTUE"
+    finally:
         await process.aclose()

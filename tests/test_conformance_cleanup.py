@@ -39,11 +39,19 @@ DAEMON = """
 import os, sys
 if os.fork() == 0:
     os.setsid()
+    # Both ends wait until the daemon has exec'd (its end of the pipe closes then): the
+    # host's census must find it under its own command line, not mid-exec with none.
+    read, write = os.pipe()
     if os.fork() == 0:
+        os.close(read)
+        os.set_inheritable(write, False)
         code = "import signal, time\\\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\\\n" \\\\
                "while True: time.sleep(1)"
         os.execv(sys.executable, [sys.executable, "-c", code, sys.argv[1]])
+    os.close(write)
+    os.read(read, 1)
     os._exit(0)
+os.wait()
 """
 
 

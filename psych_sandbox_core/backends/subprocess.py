@@ -278,7 +278,7 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
         self.early_result_ok = cgroup is not None
 
     async def terminate(self, grace_seconds: float) -> None:
-        self.process.signal_group(signal.SIGTERM)
+        self.process.ask_to_end()
         namespace = self._namespace
         with anyio.move_on_after(grace_seconds):
             if namespace is None:

@@ -426,7 +426,7 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
     def terminate_from_thread(self) -> None:
         # What terminate does first, from the wall clock's thread: the whole tree killed.
         self._kill_namespace()
-        self.process.signal_group(signal.SIGTERM)
+        self.process.ask_to_end()
 
     def _kill_namespace(self) -> None:
         with self._init_lock:
