@@ -1,7 +1,8 @@
 """What the child imports on its way to the program that the program did not ask for: the
 network probe asks about interfaces other than loopback only where there are any (an isolated
-child has loopback alone), so such a child imports nothing for it. Judged in a fresh isolated
-interpreter from the modules it holds, never by timing."""
+child has loopback alone), so such a child imports nothing for it; containment calls the C
+library without the ctypes package; asyncio is prepared only while a warm child waits idle.
+Judged in a fresh isolated interpreter from the modules it holds, never by timing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,20 @@ from pathlib import Path
 import pytest
 
 from psych_sandbox_core.bootstrap_loader import bootstrap_source
+
+
+def _in_fresh_interpreter(tmp_path: Path, body: str, *args: str, **constants: object) -> str:
+    """What ``body`` prints in a fresh isolated interpreter, run with ``args``, the bootstrap's
+    source as ``SOURCE`` and each of ``constants`` defined ahead of it (it must exit 0)."""
+    script = tmp_path / "child.py"
+    defined = "".join(f"{name} = {value!r}\n" for name, value in constants.items())
+    script.write_text(f"SOURCE = {bootstrap_source()!r}\n{defined}{body}")
+    completed = subprocess.run(
+        [sys.executable, "-I", str(script), *args], capture_output=True, text=True, timeout=60
+    )
+    assert completed.returncode == 0, completed.stderr
+    return completed.stdout
+
 
 _PROBE = """
 import sys, _socket
@@ -36,13 +51,8 @@ print(up, sorted(set(sys.modules) - before))
 def test_the_network_probe_imports_only_where_there_is_more_than_loopback(
     tmp_path: Path, interfaces: list[tuple[int, str]], expected: str
 ) -> None:
-    script = tmp_path / "probe.py"
-    script.write_text(f"SOURCE = {bootstrap_source()!r}\nINTERFACES = {interfaces!r}\n" + _PROBE)
-    completed = subprocess.run(
-        [sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=60
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.strip() == expected
+    printed = _in_fresh_interpreter(tmp_path, _PROBE, INTERFACES=interfaces)
+    assert printed.strip() == expected
 
 
 _LIBC = """
@@ -72,10 +82,29 @@ def test_containment_calls_the_c_library_without_the_ctypes_package(
 ) -> None:
     # The ctypes package costs a cold child milliseconds for two calls; where _ctypes is not
     # what the bootstrap expects, ctypes itself still makes them.
-    script = tmp_path / "libc.py"
-    script.write_text(f"SOURCE = {bootstrap_source()!r}\nBROKEN = {broken!r}\n" + _LIBC)
-    completed = subprocess.run(
-        [sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=60
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.split() == ["1", "0", str(imports_ctypes)]
+    printed = _in_fresh_interpreter(tmp_path, _LIBC, BROKEN=broken)
+    assert printed.split() == ["1", "0", str(imports_ctypes)]
+
+
+_PREPARE = """
+import sys, _socket
+namespace = {"__name__": "bootstrap"}
+exec(compile(SOURCE, "<bootstrap>", "exec"), namespace)
+mine, host = _socket.socketpair()
+if sys.argv[1] == "program-waiting":
+    host.sendall(b'{"type":"run"}\\n')
+namespace["_prepare_while_idle"](mine)
+waiting = mine.recv(64, _socket.MSG_PEEK) if sys.argv[1] == "program-waiting" else b""
+print("asyncio" in sys.modules, "logging" in sys.modules, waiting)
+"""
+
+
+@pytest.mark.parametrize(("state", "prepared"), [("idle", True), ("program-waiting", False)])
+def test_a_child_imports_asyncio_only_while_it_waits_idle_for_its_program(
+    tmp_path: Path, state: str, prepared: bool
+) -> None:
+    # An idle (warm) child prepares asyncio; a child whose program is already there (cold)
+    # imports nothing and leaves the program's frame unread.
+    printed = _in_fresh_interpreter(tmp_path, _PREPARE, state)
+    waiting = b'{"type":"run"}\n' if state == "program-waiting" else b""
+    assert printed.split() == [str(prepared), str(prepared), repr(waiting)]

@@ -5,8 +5,6 @@ read_output, all through real child processes."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,6 @@ from psych_sandbox_core.attachments import AttachmentLedger
 from psych_sandbox_core.bindings import CallServer
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.grading import Level
-from psych_sandbox_core.host import bootstrap_source
 from psych_sandbox_core.protocol import limits as protocol_limits
 
 pytestmark = pytest.mark.anyio
@@ -436,40 +433,6 @@ def test_read_output_and_lookups_shadow_provider_tools_of_the_same_name() -> Non
     )
     assert [e.name for e in server.catalogue()] == ["mine", "read_output"]
     assert server.offered == ["mine", "read_output", "list_tools", "get_tool_info"]
-
-
-# ---------------------------------------------------------------- start-up of awaiting programs
-
-_PREPARE = """
-import sys, _socket
-namespace = {"__name__": "bootstrap"}
-exec(compile(SOURCE, "<bootstrap>", "exec"), namespace)
-mine, host = _socket.socketpair()
-if sys.argv[1] == "program-waiting":
-    host.sendall(b'{"type":"run"}\\n')
-namespace["_prepare_while_idle"](mine)
-waiting = mine.recv(64, _socket.MSG_PEEK) if sys.argv[1] == "program-waiting" else b""
-print("asyncio" in sys.modules, "logging" in sys.modules, waiting)
-"""
-
-
-@pytest.mark.parametrize(("state", "prepared"), [("idle", True), ("program-waiting", False)])
-def test_a_child_imports_asyncio_only_while_it_waits_idle_for_its_program(
-    tmp_path: Path, state: str, prepared: bool
-) -> None:
-    # In a fresh isolated interpreter: an idle (warm) child prepares asyncio; a child whose
-    # program is already there (cold) imports nothing and leaves the program's frame unread.
-    script = tmp_path / "child.py"
-    script.write_text(f"SOURCE = {bootstrap_source()!r}\n" + _PREPARE)
-    done = subprocess.run(
-        [sys.executable, "-I", str(script), state],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    waiting = b'{"type":"run"}\n' if state == "program-waiting" else b""
-    assert done.stdout.split() == [str(prepared), str(prepared), repr(waiting)]
 
 
 # ---------------------------------------------------------------- calls in flight
