@@ -63,6 +63,27 @@ class ExitStatus:
             return f"killed by {name}"
         return f"exited with status {self.code}"
 
+    @classmethod
+    def of_wait_status(
+        cls,
+        status: int,
+        reaped_cpu_seconds: float,
+        reaped_peak_memory_bytes: int | None = None,
+    ) -> ExitStatus:
+        """How a process ended, from the wait status its parent reaped, with what wait4
+        reported of it. Not usage: a program that ignores SIGCHLD has its children reaped by
+        the kernel and their rusage dropped, so wait4 would report low and call it measured.
+        A backend reports usage from a mechanism the program cannot influence (a cgroup)."""
+        code = os.waitstatus_to_exitcode(status)
+        return cls(
+            code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            cpu_seconds=None,
+            peak_memory_bytes=None,
+            reaped_cpu_seconds=reaped_cpu_seconds,
+            reaped_peak_memory_bytes=reaped_peak_memory_bytes,
+        )
+
 
 class ManagedProcess:
     """One spawned child whose whole process group the host owns."""
@@ -214,20 +235,10 @@ class ManagedProcess:
             finally:
                 spawner.child_reaped(self.pid)
             self._popen.returncode = os.waitstatus_to_exitcode(status)  # keep Popen off it
-            code = os.waitstatus_to_exitcode(status)
             # ru_maxrss is KiB on Linux, bytes on macOS.
             scale = 1 if sys.platform == "darwin" else 1024
-            self._status = ExitStatus(
-                code=code if code >= 0 else None,
-                signal=-code if code < 0 else None,
-                # Not usage: a program that ignores SIGCHLD has its children reaped by the
-                # kernel and their rusage dropped, so wait4 would report low and call it
-                # measured. A backend reports usage from a mechanism the program cannot
-                # influence (a cgroup).
-                cpu_seconds=None,
-                peak_memory_bytes=None,
-                reaped_cpu_seconds=rusage.ru_utime + rusage.ru_stime,
-                reaped_peak_memory_bytes=rusage.ru_maxrss * scale,
+            self._status = ExitStatus.of_wait_status(
+                status, rusage.ru_utime + rusage.ru_stime, rusage.ru_maxrss * scale
             )
         return self._status
 

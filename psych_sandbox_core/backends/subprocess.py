@@ -309,7 +309,9 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
             end = self._namespace.program_end()
         # The program's own ending where its init reported it (the outer process mirrors its
         # status, but wait4 on it no longer counts the CPU of what the init reaped).
-        status = reaped if end is None else _ended_as(end)
+        status = reaped
+        if end is not None:
+            status = ExitStatus.of_wait_status(end.status, end.reaped_cpu_seconds)
         assert status is not None  # (no report, so reaped above)
         # wait4's rusage stops at what was reaped: a program that ignores SIGCHLD hides its
         # children's usage from it. Only the cgroup counts everything; without one, usage is
@@ -323,17 +325,6 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
         elif self.cgroup is not None:
             cpu, peak = await self.cgroup.final_usage()
         return replace(status, cpu_seconds=cpu, peak_memory_bytes=peak, tree_ended=ended)
-
-
-def _ended_as(end: ProgramEnd) -> ExitStatus:
-    code = os.waitstatus_to_exitcode(end.status)
-    return ExitStatus(
-        code=code if code >= 0 else None,
-        signal=-code if code < 0 else None,
-        cpu_seconds=None,
-        peak_memory_bytes=None,
-        reaped_cpu_seconds=end.reaped_cpu_seconds,
-    )
 
 
 async def _kill(process: ManagedProcess, namespace: PidNamespace | None) -> None:
