@@ -49,6 +49,9 @@ _FILE_STUB = (
     "f=int(sys.argv.pop(1));c=os.pread(f,int(sys.argv.pop(1)),0);os.close(f);"
     "exec(marshal.loads(c))"
 )
+#: The files the directory stub below reads.
+CODE_FILE = "bootstrap.code"
+SOURCE_FILE = "bootstrap.py"
 #: The same from files in a directory of the host's (its path in the child is the first
 #: argument): the code after the magic of the interpreter that compiled it, which the child
 #: runs only if its own has the same magic (marshalled code is valid for no other), else the
@@ -56,15 +59,12 @@ _FILE_STUB = (
 _DIRECTORY_STUB = (
     "import sys,marshal,_frozen_importlib_external as m\n"
     "d=sys.argv.pop(1)\n"
-    "with open(d+'/bootstrap.code','rb') as f:c=f.read()\n"
+    f"with open(d+'/{CODE_FILE}','rb') as f:c=f.read()\n"
     "if c[:4]==m.MAGIC_NUMBER:c=marshal.loads(c[4:])\n"
     "else:\n"
-    " with open(d+'/bootstrap.py','rb') as f:c=f.read()\n"
+    f" with open(d+'/{SOURCE_FILE}','rb') as f:c=f.read()\n"
     "exec(c)"
 )
-#: The files _DIRECTORY_STUB reads.
-CODE_FILE = "bootstrap.code"
-SOURCE_FILE = "bootstrap.py"
 _COMPILER = (
     "import sys,marshal;"
     "sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(),"
