@@ -86,7 +86,8 @@ BARE_TARGET = 1.2
 #: What the time up to each point the host reaches was spent on (a point a backend does not
 #: reach is left out; the time until the next one it does reach includes that work).
 PHASES = {
-    "probe targets": "probes: canary file and loopback listeners made",
+    "probe targets": "probes: canary file and loopback listeners made (after the spawn "
+    "where the backend hands them over late, while the child starts)",
     "identity leased": "identity: a uid leased",
     "cgroup made": "cgroup: made, capped, opened for joining",
     "container created": "docker: run directory (socket, bootstrap), cgroup parent, create",

@@ -61,10 +61,19 @@ class LaunchRequest:
     """Everything a backend needs to start one execution's child."""
 
     bootstrap_source: str
-    probe: ProbeTargets
+    #: Makes the probe's targets the first time it is called, the same ones after (see
+    #: :attr:`probe`).
+    targets: Callable[[], ProbeTargets]
     limits: ExecutionLimits
     #: The child's whole environment (an allow-list; backends add nothing secret).
     environment: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def probe(self) -> ProbeTargets:
+        """The probe's targets, made by the host when first asked for: a backend that hands
+        them to its child after spawning it (late_terms.py) asks only then, and the host
+        makes them while the child's interpreter starts."""
+        return self.targets()
 
     def bootstrap_command(
         self, interpreter: str | None = None, passed_fds: list[int] | None = None

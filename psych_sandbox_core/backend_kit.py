@@ -13,7 +13,8 @@ What is here:
   and environment), :class:`Launched` (what ``launch`` yields), :class:`BackendUnavailable`,
   :class:`Mechanisms` and :class:`Level`, :class:`ExitStatus`, the errors a backend raises;
 * starting the child: :func:`bootstrap_argv` (its command line, and :class:`PassedFds`, the
-  descriptors it may add for the child), :func:`child_environment`
+  descriptors it may add for the child), :class:`LateTerms` (the probe's targets and the
+  cgroup's join files handed to a child once it is spawned), :func:`child_environment`
   (its allow-listed environment), the channel listeners by transport, :func:`wait_started`
   (the bootstrap reaching the channel raced against the launcher ending) and
   :func:`read_some` (a failed launcher's words);
@@ -97,6 +98,7 @@ from .interpreter import (
     resolve_environment,
     resolve_interpreter,
 )
+from .late_terms import LateTerms
 from .phases import mark
 from .probe_harness import ProbeHarness
 from .process import ExitStatus, ManagedProcess
@@ -160,6 +162,7 @@ __all__ = [
     "InheritedSocketChannel",
     "InterpreterNotFoundError",
     "InterpreterOptions",
+    "LateTerms",
     "LaunchRequest",
     "Launched",
     "LeasedIdentityBackend",

@@ -1886,13 +1886,45 @@ def _load_libc():
         return _Libc(libc.prctl, libc.unshare, ctypes.get_errno)
 
 
-def _join_cgroup(spec):
+def _late_terms(fd):
+    """What the host made while this interpreter started (see late_terms.py): the probe's
+    targets, and the descriptors that move this process into the execution's cgroup. One
+    message on the socket ``fd``, closed once read: no program ever holds it. Without the
+    message (the host gave up on this start), nothing runs."""
+    sock = _socket.socket(fileno=fd)
+    try:
+        data, ancillary, _flags, _address = sock.recvmsg(
+            LATE_TERMS_BYTES, _socket.CMSG_SPACE(4 * LATE_TERMS_FDS)
+        )
+    except OSError as exc:
+        message = f"psych-sandbox bootstrap: the host's terms did not come ({exc})"
+        raise SystemExit(message) from None
+    finally:
+        sock.close()
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.extend(
+                int.from_bytes(payload[i : i + 4], sys.byteorder)
+                for i in range(0, len(payload) - len(payload) % 4, 4)
+            )
+    terms = json_loads(data) if data else None
+    if not isinstance(terms, dict) or not isinstance(terms.get("probe"), dict):
+        raise SystemExit("psych-sandbox bootstrap: the host's terms did not come")
+    return terms["probe"], fds
+
+
+#: The late terms' bounds (copies of late_terms.py's).
+LATE_TERMS_BYTES = 64 * 1024
+LATE_TERMS_FDS = 16
+
+
+def _join_cgroup(fds):
     """Move this process into the execution's cgroup, the first thing it does: still root,
     still single-threaded, before anything forks, so every process of the execution is
     counted there. The host opened the cgroup's files; writing "0" moves the writer. Any
     failure exits: usage the host reads would otherwise miss this process."""
-    for item in spec.split(","):
-        fd = int(item)
+    for fd in fds:
         try:
             os.write(fd, b"0")
         except OSError as exc:
@@ -1984,7 +2016,7 @@ def _hand_over_init(pid, report):
 
     Opened here, by the init's parent, while the init cannot yet have been reaped: the pidfd
     names that process and no other. Without pidfds the host gets the namespace alone."""
-    fds = []
+    fds: list[int] = []
     try:
         fds.append(os.open("/proc/self/ns/pid_for_children", os.O_RDONLY | os.O_CLOEXEC))
         fds.append(os.pidfd_open(pid))
@@ -2213,9 +2245,11 @@ def main(argv):
     for item in argv:
         key, _, value = item.partition("=")
         options[key.lstrip("-")] = value
-    probe_config = json_loads(options.get("probe") or "{}")
-    if options.get("cgroup"):
-        _join_cgroup(options["cgroup"])
+    if options.get("late"):
+        probe_config, join_fds = _late_terms(int(options["late"]))
+        _join_cgroup(join_fds)
+    else:
+        probe_config = json_loads(options.get("probe") or "{}")
     init_report = options.get("init-report")
     if options.get("contain"):
         libc, identity = _contain(options["contain"])

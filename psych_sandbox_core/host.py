@@ -113,7 +113,6 @@ async def _execute(
     cancelled = False
     backend_failure: ExecutionFailure | None = None
     async with ProbeHarness().active() as harness:
-        mark("probe targets")
         try:
             if plan.cancel is not None and plan.cancel.is_set():
                 cancelled = True
@@ -331,5 +330,4 @@ async def _given(
 
 
 def _launch_request(harness: ProbeHarness, limits: ExecutionLimits) -> LaunchRequest:
-    assert harness.targets is not None
-    return LaunchRequest(bootstrap_source=bootstrap_source(), probe=harness.targets, limits=limits)
+    return LaunchRequest(bootstrap_source=bootstrap_source(), targets=harness.made, limits=limits)

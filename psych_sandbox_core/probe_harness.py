@@ -14,6 +14,7 @@ from functools import partial
 import anyio
 
 from .backend import ProbeTargets
+from .phases import mark
 from .temp_dirs import CANARY_PREFIX, make_owned_directory
 
 
@@ -30,7 +31,9 @@ class ProbeHarness:
     def __init__(self) -> None:
         self._counted = 0
         self._listeners: list[socket.socket] = []
-        self.targets: ProbeTargets | None = None
+        self._directory: str | None = None
+        self._targets: ProbeTargets | None = None
+        self._open = False
 
     @property
     def connections(self) -> int:
@@ -50,37 +53,62 @@ class ProbeHarness:
                 self._counted += 1
         return self._counted
 
+    def made(self) -> ProbeTargets:
+        """The targets, made the first time they are asked for while the harness is active
+        (a backend that hands them to its child after spawning it asks only then: see
+        late_terms.py), the same ones after."""
+        if self._targets is None:
+            if not self._open:
+                raise RuntimeError("probe targets are made only while the harness is active")
+            self._targets = self._make()
+        return self._targets
+
+    def _make(self) -> ProbeTargets:
+        directory = self._directory = make_owned_directory(CANARY_PREFIX)
+        os.chmod(directory, 0o755)
+        canary = os.path.join(directory, "canary")
+        # World-readable on purpose: only a real filesystem boundary can hide it.
+        fd = os.open(canary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask
+            os.write(fd, CANARY_TEXT)
+        finally:
+            os.close(fd)
+        ports: dict[str, int | None] = {"4": None, "6": None}
+        for family, host in (("4", "127.0.0.1"), ("6", "::1")):
+            try:
+                listener, ports[family] = _loopback_listener(family, host)
+            except OSError:
+                continue  # no such address family on this host: nothing to reach
+            self._listeners.append(listener)
+        mark("probe targets")
+        return ProbeTargets(
+            canary_path=canary, port4=ports["4"], port6=ports["6"], host_pid=os.getpid()
+        )
+
     @asynccontextmanager
     async def active(self) -> AsyncIterator[ProbeHarness]:
-        directory = make_owned_directory(CANARY_PREFIX)
+        """The harness for one execution; what it made is removed on leaving."""
+        self._open = True
         try:
-            os.chmod(directory, 0o755)
-            canary = os.path.join(directory, "canary")
-            with open(canary, "w") as fh:
-                fh.write("psych-sandbox canary: reading this proves filesystem exposure\n")
-            # World-readable on purpose: only a real filesystem boundary can hide it.
-            os.chmod(canary, 0o644)
-            ports: dict[str, int | None] = {"4": None, "6": None}
-            for family, host in (("4", "127.0.0.1"), ("6", "::1")):
-                try:
-                    listener, ports[family] = _loopback_listener(family, host)
-                except OSError:
-                    continue  # no such address family on this host: nothing to reach
-                self._listeners.append(listener)
-            self.targets = ProbeTargets(
-                canary_path=canary, port4=ports["4"], port6=ports["6"], host_pid=os.getpid()
-            )
             yield self
         finally:
+            self._open = False
             for listener in self._listeners:
                 listener.close()
-            # Shielded: on cancellation the canary is still removed, in a worker thread: on
-            # a busy disk a directory's removal took milliseconds (26 ms at worst,
-            # measured), and the event loop serves every other execution meanwhile.
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(
-                    partial(shutil.rmtree, directory, ignore_errors=True)
-                )
+            directory, self._directory = self._directory, None
+            if directory is not None:
+                # Shielded: on cancellation the canary is still removed, in a worker thread:
+                # on a busy disk a directory's removal took milliseconds (26 ms at worst,
+                # measured), and the event loop serves every other execution meanwhile.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(
+                        partial(shutil.rmtree, directory, ignore_errors=True)
+                    )
+
+
+#: What the canary holds: a program that can read it has reached the host's files.
+CANARY_TEXT = b"psych-sandbox canary: reading this proves filesystem exposure\n"
 
 
 def _loopback_listener(family: str, host: str) -> tuple[socket.socket, int]:

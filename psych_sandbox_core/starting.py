@@ -18,6 +18,7 @@ from anyio.abc import ByteReceiveStream
 
 from .backend import BackendUnavailable, Launched, LaunchRequest
 from .bootstrap_loader import directory_arguments
+from .late_terms import LateTerms
 from .process import ExitStatus
 from .watchers import waited
 
@@ -47,6 +48,7 @@ def bootstrap_argv(
     *,
     passed_fds: list[int] | None = None,
     directory: tuple[str, str] | None = None,
+    late: LateTerms | None = None,
 ) -> list[str]:
     """The child's command line: ``interpreter`` in isolated, unbuffered mode, without the
     site module (the bootstrap does its part: see its _as_site_would), running the
@@ -55,7 +57,10 @@ def bootstrap_argv(
     the child is spawned; see bootstrap_loader.py). ``directory``, for a child whose
     interpreter the host cannot run (an image's): a directory of the host's (its path here,
     its path in the child) the child can read and never write, where the bootstrap is
-    written for it. Append backend-specific arguments (``pid-namespace=1`` and the like)."""
+    written for it. ``late``: the probe's targets come after the spawn, with these terms
+    (pass ``late.child_fd`` to the child and deliver them once it is spawned); otherwise
+    they are made now and go on the command line. Append backend-specific arguments
+    (``pid-namespace=1`` and the like)."""
     return [
         interpreter,
         "-I",
@@ -67,8 +72,13 @@ def bootstrap_argv(
             else directory_arguments(request.bootstrap_source, *directory)
         ),
         f"channel={channel_spec}",
-        "probe=" + json.dumps(request.probe.as_json_object()),
+        late.argument() if late is not None else probe_argument(request),
     ]
+
+
+def probe_argument(request: LaunchRequest) -> str:
+    """The probe's targets as one bootstrap argument."""
+    return "probe=" + json.dumps(request.probe.as_json_object())
 
 
 async def read_some(

@@ -29,16 +29,17 @@ def _connect(port: int, how: str) -> socket.socket | None:
 
 async def test_every_connection_is_counted_as_it_is_read_and_none_is_left_open() -> None:
     async with ProbeHarness().active() as harness:
-        assert harness.targets is not None and harness.targets.port4 is not None
-        port = harness.targets.port4
+        targets = harness.made()
+        assert targets.port4 is not None
+        port = targets.port4
         assert harness.connections == 0
         held = [_connect(port, how) for how in ("open", "closed", "reset")]
         assert harness.connections == 3
         assert harness.connections == 3  # read again: nothing counted twice
         held.append(_connect(port, "open"))
         assert harness.connections == 4
-        canary = harness.targets.canary_path
-        assert os.path.exists(canary)
+        canary = targets.canary_path
+        assert canary is not None and os.path.exists(canary)
     # Closed with the harness: nothing listens on its port any more, the canary is gone, and
     # the connections it took were closed by the host (the peer reads their end).
     with pytest.raises(ConnectionRefusedError):
@@ -55,8 +56,8 @@ async def test_the_ipv6_listener_counts_too() -> None:
     if not socket.has_ipv6:
         pytest.skip("no IPv6 on this host")
     async with ProbeHarness().active() as harness:
-        assert harness.targets is not None
-        if harness.targets.port6 is None:
+        targets = harness.made()
+        if targets.port6 is None:
             pytest.skip("no ::1 on this host")
-        socket.create_connection(("::1", harness.targets.port6)).close()
+        socket.create_connection(("::1", targets.port6)).close()
         assert harness.connections == 1

@@ -43,6 +43,7 @@ from ..backend_kit import (
     ExitStatus,
     InheritedSocketChannel,
     InterpreterOptions,
+    LateTerms,
     Launched,
     LaunchRequest,
     LeasedIdentityBackend,
@@ -162,11 +163,12 @@ class SubprocessBackend(
         )
         # The compiled bootstrap's memory file, if it comes in one (closed once spawned).
         code_fds = PassedFds()
+        # The probe's targets and the cgroup are made once the child is spawned, while its
+        # interpreter starts, and handed to it then (late_terms.py).
+        late = LateTerms()
         try:
-            cgroup = await self.execution_cgroup()
-            join_fds = cgroup.join_fds if cgroup is not None else []
             argv = bootstrap_argv(
-                self.interpreter, request, channel.child_spec, passed_fds=code_fds
+                self.interpreter, request, channel.child_spec, passed_fds=code_fds, late=late
             )
             if self.contain:
                 uid, gid = identity if identity is not None else ("", "")
@@ -174,9 +176,6 @@ class SubprocessBackend(
             if report_child is not None:
                 argv.append("pid-namespace=1")
                 argv.append(f"init-report={report_child.fileno()}")
-            if join_fds:
-                # The bootstrap writes itself into the cgroup first thing, as root.
-                argv.append("cgroup=" + ",".join(str(fd) for fd in join_fds))
             try:
                 process = await ManagedProcess.spawn(
                     argv,
@@ -184,8 +183,8 @@ class SubprocessBackend(
                     cwd=workspace,
                     pass_fds=[
                         *channel.inherited_fds,
-                        *join_fds,
                         *code_fds,
+                        late.child_fd,
                         *([] if report_child is None else [report_child.fileno()]),
                     ],
                     # No pre-exec step: the bootstrap contains itself first (see its
@@ -196,12 +195,19 @@ class SubprocessBackend(
                     f"the subprocess backend could not start {self.interpreter}: {exc}"
                 ) from exc
             finally:
-                if cgroup is not None:
-                    cgroup.close_join_fds()
+                late.after_spawn()
                 if report_child is not None:
                     report_child.close()
                 code_fds.close()
             channel.after_spawn()
+            cgroup = await self.execution_cgroup()
+            # The bootstrap writes itself into the cgroup first thing, as root, before
+            # anything of the execution's forks.
+            try:
+                late.deliver(request.probe, cgroup.join_fds if cgroup is not None else ())
+            finally:
+                if cgroup is not None:
+                    cgroup.close_join_fds()
             if report is not None:
                 # Before the handshake, so before any program can exist: what the host holds
                 # was handed over by the bootstrap alone.
@@ -228,6 +234,7 @@ class SubprocessBackend(
             # Shielded: a cancelled run must still reap, close and remove its workspace.
             with anyio.CancelScope(shield=True):
                 code_fds.close()  # not spawned: still the host's
+                late.close()  # not delivered: the child exits unstarted
                 if process is not None:
                     await _kill(process, namespace)
                     await process.aclose()

@@ -47,6 +47,7 @@ from psych_sandbox_core.backend_kit import (
     ExitStatus,
     InheritedSocketChannel,
     InterpreterOptions,
+    LateTerms,
     Launched,
     LaunchRequest,
     LeasedIdentityBackend,
@@ -200,8 +201,10 @@ class BwrapBackend(
         channel_spec: str,
         info_fd: int,
         passed_fds: list[int] | None = None,
+        late: LateTerms | None = None,
     ) -> list[str]:
-        """The bwrap command line for one execution (``passed_fds``: as bootstrap_argv's)."""
+        """The bwrap command line for one execution (``passed_fds``, ``late``: as
+        bootstrap_argv's)."""
         assert self.bwrap is not None
         s = self.options
         argv = [
@@ -258,7 +261,9 @@ class BwrapBackend(
             "--",
         ]
         # The same binary runs inside, bound read-only: precompiling for it is valid.
-        return argv + bootstrap_argv(self.interpreter, request, channel_spec, passed_fds=passed_fds)
+        return argv + bootstrap_argv(
+            self.interpreter, request, channel_spec, passed_fds=passed_fds, late=late
+        )
 
     @asynccontextmanager
     async def launch_as(
@@ -273,27 +278,33 @@ class BwrapBackend(
         cgroup: ExecutionCgroup | None = None
         # The compiled bootstrap's memory file, if it comes in one (closed once spawned).
         code_fds = PassedFds()
+        # The probe's targets are made once bubblewrap is spawned, while it sets up the
+        # sandbox and the interpreter starts, and handed to the bootstrap then. (The cgroup
+        # is joined before bubblewrap runs: it must hold bubblewrap's own processes too.)
+        late = LateTerms()
         try:
             cgroup = await self.execution_cgroup(request)
             os.set_blocking(info_read, False)
-            argv = self.command(request, channel.child_spec, info_write, code_fds)
+            argv = self.command(request, channel.child_spec, info_write, code_fds, late)
             prefix = _spawn_prefix(identity.ids, cgroup)
             try:
                 process = await ManagedProcess.spawn(
                     [*prefix, *argv] if prefix is not None else argv,
                     env={},
                     cwd="/",
-                    pass_fds=(*channel.inherited_fds, info_write, *code_fds),
+                    pass_fds=(*channel.inherited_fds, info_write, *code_fds, late.child_fd),
                     preexec_fn=_prepare(identity.ids, cgroup) if prefix is None else None,
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 raise BackendUnavailable(f"could not start bubblewrap: {exc}") from exc
             finally:
                 os.close(info_write)
+                late.after_spawn()
                 if cgroup is not None:
                     cgroup.close_join_fds()
                 code_fds.close()
             channel.after_spawn()
+            late.deliver(request.probe)
             launched = _Launched(
                 process, channel, self.mechanisms(cgroup), cgroup,
                 self.memory_cgroup_bytes(request),
@@ -303,6 +314,7 @@ class BwrapBackend(
         finally:
             with anyio.CancelScope(shield=True):
                 code_fds.close()  # not spawned: still the host's
+                late.close()  # not delivered: the bootstrap exits unstarted
                 if launched is not None:
                     await launched.finish()
                 if process is not None:

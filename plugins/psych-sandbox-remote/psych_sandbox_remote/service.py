@@ -167,9 +167,8 @@ class _Execution:
         status: ExitStatus | None = None
         failure: str | None = None
         async with ProbeHarness().active() as harness:
-            assert harness.targets is not None
             request = LaunchRequest(
-                bootstrap_source=bootstrap_source(), probe=harness.targets, limits=self.limits
+                bootstrap_source=bootstrap_source(), targets=harness.made, limits=self.limits
             )
             try:
                 async with backend.launch(request) as launched:

@@ -25,7 +25,9 @@ EXECUTION = "a" * 32
 
 def execution() -> RemoteExecution:
     request = LaunchRequest(
-        bootstrap_source="", probe=ProbeTargets(None, None, None, 1), limits=ExecutionLimits()
+        bootstrap_source="",
+        targets=lambda: ProbeTargets(None, None, None, 1),
+        limits=ExecutionLimits(),
     )
     return RemoteExecution(
         Endpoint("http://127.0.0.1:1"), RemoteOptions(url="http://127.0.0.1:1"), request

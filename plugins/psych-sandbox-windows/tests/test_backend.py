@@ -158,7 +158,7 @@ async def test_launch_off_windows_is_backend_unavailable() -> None:
     backend = WindowsBackend(WindowsOptions())
     request = LaunchRequest(
         bootstrap_source="",
-        probe=ProbeTargets(None, None, None, os.getpid()),
+        targets=lambda: ProbeTargets(None, None, None, os.getpid()),
         limits=ExecutionLimits(),
     )
     with pytest.raises(BackendUnavailable, match="requires Windows"):
