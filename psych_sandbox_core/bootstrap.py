@@ -2139,6 +2139,8 @@ ASYNC_MODULES = (
     "enum", "functools", "collections", "re", "traceback", "inspect", "typing", "logging",
     "concurrent.futures", "socket", "selectors", "ssl", "subprocess", "asyncio",
 )
+#: Built (never run) by an idle child ahead of its program, see _prepare_while_idle.
+WARM_UP_SOURCE = "warmed_up: int = 1\nprint(warmed_up)\nwarmed_up\n"
 #: A host that has a program for this child sends it within a few milliseconds of the hello;
 #: a child still waiting after this long is a warm one, prepared ahead of its program.
 IDLE_AFTER_SECONDS = 0.05
@@ -2155,6 +2157,14 @@ def _prepare_while_idle(sock):
     after any import of its own.
     """
     if _arrived(sock, IDLE_AFTER_SECONDS):
+        return
+    # The compiler's path walked once, on a text of ours that is built and never run: the
+    # program's own build then skips what a first call costs (about 0.2 ms, measured).
+    try:
+        build_program(WARM_UP_SOURCE)
+    except Exception:
+        pass
+    if _arrived(sock, 0.0):
         return
     for name in ASYNC_MODULES:
         try:

@@ -91,6 +91,8 @@ class CallsInFlight:
         self._read_to_end = anyio.Event()
         #: A cancel scope made ahead for the next call (see accept); each is used once.
         self._next_scope: anyio.CancelScope | None = anyio.CancelScope()
+        #: Whether a worker was ever started (otherwise the task group has nothing to end).
+        self.workers = False
 
     async def read(self, read_one: Callable[[], Awaitable[None]]) -> None:
         """Read the program's frames until the conversation stops listening: ``read_one``
@@ -150,6 +152,7 @@ class CallsInFlight:
         if self._idle:
             self._idle.pop().set()
         else:
+            self.workers = True
             self._tasks.start_soon(self._worker)
 
     def cancel(self, call_id: int) -> list[Action]:
@@ -239,7 +242,10 @@ async def calls_in_flight(
                 yield flight
             finally:
                 flight.end()
-                tasks.cancel_scope.cancel()
+                if flight.workers:
+                    # (A cancel costs about 40 us, most of it the message it composes: a
+                    # program that made no call, or one at a time, started no worker.)
+                    tasks.cancel_scope.cancel()
     finally:
         if flight is not None:
             with anyio.CancelScope(shield=True):

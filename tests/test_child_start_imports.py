@@ -93,9 +93,15 @@ exec(compile(SOURCE, "<bootstrap>", "exec"), namespace)
 mine, host = _socket.socketpair()
 if sys.argv[1] == "program-waiting":
     host.sendall(b'{"type":"run"}\\n')
+built = []
+build = namespace["build_program"]
+namespace["build_program"] = lambda source: built.append(source) or build(source)
 namespace["_prepare_while_idle"](mine)
 waiting = mine.recv(64, _socket.MSG_PEEK) if sys.argv[1] == "program-waiting" else b""
-print("asyncio" in sys.modules, "logging" in sys.modules, waiting)
+# The warm-up text is built, never run: nothing of it is defined anywhere.
+ran = "warmed_up" in namespace or "warmed_up" in vars(sys.modules["builtins"])
+warmed = built == [namespace["WARM_UP_SOURCE"]]
+print("asyncio" in sys.modules, "logging" in sys.modules, waiting, warmed, ran)
 """
 
 
@@ -103,8 +109,10 @@ print("asyncio" in sys.modules, "logging" in sys.modules, waiting)
 def test_a_child_imports_asyncio_only_while_it_waits_idle_for_its_program(
     tmp_path: Path, state: str, prepared: bool
 ) -> None:
-    # An idle (warm) child prepares asyncio; a child whose program is already there (cold)
-    # imports nothing and leaves the program's frame unread.
+    # An idle (warm) child prepares asyncio and builds (never runs) a text of its own, which
+    # warms the compiler's path; a child whose program is already there (cold) does neither
+    # and leaves the program's frame unread.
     printed = _in_fresh_interpreter(tmp_path, _PREPARE, state)
     waiting = b'{"type":"run"}\n' if state == "program-waiting" else b""
-    assert printed.split() == [str(prepared), str(prepared), repr(waiting)]
+    expected = [str(prepared), str(prepared), repr(waiting), str(prepared), "False"]
+    assert printed.split() == expected
