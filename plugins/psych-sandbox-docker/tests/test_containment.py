@@ -7,12 +7,17 @@ cancellation are the shared suite's (test_conformance.py)."""
 from __future__ import annotations
 
 import os
+import signal
 
+import anyio
 import pytest
 from docker_support import (
     RUNTIMES,
     leased,
+    marker,
+    pids_with,
     run,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("engine")]
@@ -91,3 +96,30 @@ async def test_cgroup_oom_kill_is_memory_limit_not_a_crash(runtime: str) -> None
     assert result.error is not None
     assert result.error.kind.value == "memory_limit", result.error
     assert "out-of-memory" in result.error.message
+
+
+async def test_the_program_has_a_network_namespace_of_its_own_with_only_loopback() -> None:
+    # From the host: the program's process (runc: a host process) is in a network namespace
+    # other than the host's, whose only interface is lo.
+    mark = marker()
+    seen: dict[str, object] = {}
+
+    async def inspect() -> None:
+        (pid,) = await wait_until(lambda: pids_with(mark))
+        seen["namespace"] = os.stat(f"/proc/{pid}/ns/net").st_ino
+        with open(f"/proc/{pid}/net/dev") as table:
+            seen["interfaces"] = sorted(
+                line.split(":")[0].strip() for line in table.read().splitlines()[2:]
+            )
+        os.kill(pid, signal.SIGKILL)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(inspect)
+        result = await run(
+            "import subprocess, sys\n"
+            "sleeper = [sys.executable, '-c', 'import time; time.sleep(60)']\n"
+            f"ended = subprocess.run([*sleeper, {mark!r}])\n"
+        )
+    assert result.error is None, result.error
+    assert seen["namespace"] != os.stat("/proc/self/ns/net").st_ino
+    assert seen["interfaces"] == ["lo"]
