@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 import anyio
-from anyio.abc import ByteStream, SocketListener, SocketStream
+from anyio.abc import ByteStream, SocketAttribute, SocketListener, SocketStream
 
 from .errors import ProtocolViolation
 from .protocol import ChildFrame, HostFrame, decode_child_frame, encode_host_frame
@@ -101,12 +101,16 @@ class UnixSocketChannel(ChannelListener):
         # The child may run as another uid; only it can reach this directory anyway.
         os.chmod(self.path, mode)
 
-    async def accept(self) -> ByteStream:
+    async def accept(self) -> socket.socket:
         assert self._listener is not None, "open() first"
         stream: SocketStream = await self._listener.accept()
         # One connection per execution: nobody else gets to connect afterwards.
         await self._listener.aclose()
-        return stream
+        # Its socket, read as an inherited one is (FrameChannel waits for readability).
+        # Not anyio's Unix socket stream: on asyncio, a read cancelled in the loop turn its
+        # socket turns readable has the loop's reader complete a cancelled future
+        # (InvalidStateError, and a reader left registered).
+        return socket.socket(fileno=stream.extra(SocketAttribute.raw_socket).detach())
 
     async def aclose(self) -> None:
         if self._listener is not None:
