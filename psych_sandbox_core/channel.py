@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 import anyio
-from anyio.abc import ByteStream, SocketAttribute, SocketListener, SocketStream
+from anyio.abc import ByteStream
 
 from .errors import ProtocolViolation
 from .protocol import ChildFrame, HostFrame, decode_child_frame, encode_host_frame
@@ -94,27 +94,49 @@ class UnixSocketChannel(ChannelListener):
     def __init__(self, directory: Path, *, child_path: str | None = None) -> None:
         self.path = directory / "control.sock"
         self.child_spec = f"unix:{child_path or self.path}"
-        self._listener: SocketListener | None = None
+        self._listener: socket.socket | None = None
 
     async def open(self, mode: int = 0o666) -> None:
-        self._listener = await anyio.create_unix_listener(self.path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(self.path))
+            listener.listen()
+            listener.setblocking(False)
+        except BaseException:
+            listener.close()
+            raise
+        self._listener = listener
         # The child may run as another uid; only it can reach this directory anyway.
         os.chmod(self.path, mode)
 
     async def accept(self) -> socket.socket:
-        assert self._listener is not None, "open() first"
-        stream: SocketStream = await self._listener.accept()
+        # Waited for with anyio.wait_readable, and the connection read on its socket as an
+        # inherited one is (FrameChannel): not anyio's Unix listener and stream, whose
+        # reader callback, on asyncio, completes a future already cancelled when a wait is
+        # cancelled in the loop turn its socket turns readable (InvalidStateError).
+        listener = self._listener
+        assert listener is not None, "open() first"
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except BlockingIOError:
+                await anyio.wait_readable(listener)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            break
         # One connection per execution: nobody else gets to connect afterwards.
-        await self._listener.aclose()
-        # Its socket, read as an inherited one is (FrameChannel waits for readability).
-        # Not anyio's Unix socket stream: on asyncio, a read cancelled in the loop turn its
-        # socket turns readable has the loop's reader complete a cancelled future
-        # (InvalidStateError, and a reader left registered).
-        return socket.socket(fileno=stream.extra(SocketAttribute.raw_socket).detach())
+        self._close_listener()
+        return connection
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            anyio.notify_closing(self._listener)
+            self._listener.close()
+            self._listener = None
 
     async def aclose(self) -> None:
-        if self._listener is not None:
-            await self._listener.aclose()
+        self._close_listener()
         self.path.unlink(missing_ok=True)
 
 

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteStream
+from anyio.abc import ByteReceiveStream
 from psych_sandbox_core.backend_kit import (
     EXECUTION_CPU_SHARES,
     BackendRegistrar,
@@ -462,20 +463,20 @@ class _ContainerChannel(UnixSocketChannel):
 
     def __init__(self, directory: Path, *, child_path: str) -> None:
         super().__init__(directory, child_path=child_path)
-        self.early: ByteStream | None = None
+        self.early: socket.socket | None = None
 
     async def accept_early(self) -> None:
         self.early = await super().accept()
 
-    async def accept(self) -> ByteStream:
+    async def accept(self) -> socket.socket:
         if self.early is not None:
-            stream, self.early = self.early, None
-            return stream
+            connection, self.early = self.early, None
+            return connection
         return await super().accept()
 
     async def aclose(self) -> None:
         if self.early is not None:
-            await self.early.aclose()
+            self.early.close()  # never handed over: nothing waits on it
             self.early = None
         await super().aclose()
 
