@@ -99,7 +99,14 @@ if _json is not None:
 
     def json_dumps(value):
         encode = _json.make_encoder(
-            {}, _not_serialisable, _json.encode_basestring_ascii, None, ":", ",", False, False,
+            {},
+            _not_serialisable,
+            _json.encode_basestring_ascii,
+            None,
+            ":",
+            ",",
+            False,
+            False,
             False,
         )
         return "".join(encode(value, 0))
@@ -930,9 +937,7 @@ def build_program(source):
     for statement in body:
         walker.visit(statement)
     if walker.yields:
-        first = next(
-            n for s in body for n in _walk(s) if isinstance(n, (ast.Yield, ast.YieldFrom))
-        )
+        first = next(n for s in body for n in _walk(s) if isinstance(n, (ast.Yield, ast.YieldFrom)))
         raise SyntaxError(
             "'yield' outside function",
             (PROGRAM_FILENAME, first.lineno, first.col_offset + 1, None),
@@ -951,11 +956,20 @@ def build_program(source):
         body.insert(0, ast.Global(names=sorted(walker.names)))
     factory = ast.AsyncFunctionDef if walker.awaits else ast.FunctionDef
     arguments = ast.arguments(
-        posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None,
+        posonlyargs=[],
+        args=[],
+        vararg=None,
+        kwonlyargs=[],
+        kw_defaults=[],
+        kwarg=None,
         defaults=[],
     )
     wrapper = factory(
-        name=MAIN_NAME, args=arguments, body=body, decorator_list=[], returns=None,
+        name=MAIN_NAME,
+        args=arguments,
+        body=body,
+        decorator_list=[],
+        returns=None,
         type_comment=None,
     )
     if sys.version_info >= (3, 12):
@@ -1016,7 +1030,10 @@ def _register_source():
 
     if _PROGRAM_SOURCE is not None:
         linecache.cache[PROGRAM_FILENAME] = (
-            len(_PROGRAM_SOURCE), None, _PROGRAM_SOURCE.splitlines(True), PROGRAM_FILENAME,
+            len(_PROGRAM_SOURCE),
+            None,
+            _PROGRAM_SOURCE.splitlines(True),
+            PROGRAM_FILENAME,
         )
 
 
@@ -1039,8 +1056,8 @@ def describe_exception(exc):
         message = f"<unprintable {type(exc).__name__}>"
     return {
         "type": type(exc).__name__[:256],
-        "message": message[:256 * 1024],
-        "traceback": text[-256 * 1024:],
+        "message": message[: 256 * 1024],
+        "traceback": text[-256 * 1024 :],
         "line": line if isinstance(line, int) and line >= 0 else None,
         "column": column if isinstance(column, int) and column >= 0 else None,
     }
@@ -1391,8 +1408,9 @@ def _give_names(namespace, frame):
         exec(compile(preamble, PREAMBLE_FILENAME, "exec", dont_inherit=True), namespace)
     except BaseException as exc:
         error = describe_exception(exc)
-        error["message"] = ("the preamble raised, so the program did not run: "
-                            + error["message"])[:256 * 1024]
+        error["message"] = ("the preamble raised, so the program did not run: " + error["message"])[
+            : 256 * 1024
+        ]
         return {"outcome": "raised", "error": error}
     return None
 
@@ -1415,12 +1433,16 @@ def _kept(result, namespace, room):
             kept[name] = value
     problem = json_problem(kept)
     if problem is not None:
-        return {"outcome": "invalid_output",
-                "detail": f"the program's variables cannot be sent: {problem}"}
+        return {
+            "outcome": "invalid_output",
+            "detail": f"the program's variables cannot be sent: {problem}",
+        }
     encoded = json_dumps(kept)
     if len(encoded.encode()) > room:
-        detail = (f"the program's variables are {len(encoded.encode())} bytes as JSON, over "
-                  f"the {max(room, 0)} bytes left of the return value's limit")
+        detail = (
+            f"the program's variables are {len(encoded.encode())} bytes as JSON, over "
+            f"the {max(room, 0)} bytes left of the return value's limit"
+        )
         return {"outcome": "output_limit", "detail": detail}
     return dict(result, variables_json=encoded)
 
@@ -1440,8 +1462,7 @@ def _returned(value, cap):
         return {
             "outcome": "invalid_output",
             "detail": (
-                f"the return value of type {type(value).__name__} is not JSON-serialisable: "
-                f"{exc}"
+                f"the return value of type {type(value).__name__} is not JSON-serialisable: {exc}"
             )[:4096],
         }
     problem = json_problem(value) if len(encoded) <= cap else None
@@ -1509,7 +1530,7 @@ def write_inputs(inputs):
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
             finally:
                 os.close(fd)
         except (OSError, ValueError, binascii.Error) as exc:
@@ -1570,12 +1591,20 @@ class _ArtifactSender:
         #: The file whose chunks are going out, so a failure can abandon it.
         self.sending = None
         # POSIX flags; where they do not exist the workspace was never opened (see above).
-        posix = {name: getattr(os, name, 0) for name in (
-            "O_DIRECTORY", "O_NOFOLLOW", "O_CLOEXEC", "O_NONBLOCK", "O_NOCTTY")}
-        self.dir_flags = os.O_RDONLY | posix["O_DIRECTORY"] | posix["O_NOFOLLOW"] | posix[
-            "O_CLOEXEC"]
-        self.file_flags = os.O_RDONLY | posix["O_NOFOLLOW"] | posix["O_NONBLOCK"] | posix[
-            "O_CLOEXEC"] | posix["O_NOCTTY"]
+        posix = {
+            name: getattr(os, name, 0)
+            for name in ("O_DIRECTORY", "O_NOFOLLOW", "O_CLOEXEC", "O_NONBLOCK", "O_NOCTTY")
+        }
+        self.dir_flags = (
+            os.O_RDONLY | posix["O_DIRECTORY"] | posix["O_NOFOLLOW"] | posix["O_CLOEXEC"]
+        )
+        self.file_flags = (
+            os.O_RDONLY
+            | posix["O_NOFOLLOW"]
+            | posix["O_NONBLOCK"]
+            | posix["O_CLOEXEC"]
+            | posix["O_NOCTTY"]
+        )
 
     def skip(self, path, reason):
         self.channel.send({"type": "artifact_skipped", "path": path, "reason": reason})
@@ -1753,7 +1782,10 @@ class _ArtifactSender:
                 data = self.binascii.b2a_base64(chunk, newline=False).decode("ascii")
                 self.channel.send(
                     {
-                        "type": "artifact", "path": relative, "offset": offset, "data": data,
+                        "type": "artifact",
+                        "path": relative,
+                        "offset": offset,
+                        "data": data,
                         "last": last,
                     }
                 )
@@ -2128,7 +2160,7 @@ def _close_all_but(keep):
 def _write_all(fd, data):
     try:
         while data:
-            data = data[os.write(fd, data):]
+            data = data[os.write(fd, data) :]
     except OSError:
         pass  # the program closed or broke the stream: the host waits for its end instead
 
@@ -2136,8 +2168,20 @@ def _write_all(fd, data):
 #: What a program that awaits needs imported (asyncio and what it imports, heaviest first in
 #: the order asyncio reaches them), in steps of a few milliseconds each.
 ASYNC_MODULES = (
-    "enum", "functools", "collections", "re", "traceback", "inspect", "typing", "logging",
-    "concurrent.futures", "socket", "selectors", "ssl", "subprocess", "asyncio",
+    "enum",
+    "functools",
+    "collections",
+    "re",
+    "traceback",
+    "inspect",
+    "typing",
+    "logging",
+    "concurrent.futures",
+    "socket",
+    "selectors",
+    "ssl",
+    "subprocess",
+    "asyncio",
 )
 #: Built (never run) by an idle child ahead of its program, see _prepare_while_idle.
 WARM_UP_SOURCE = "warmed_up: int = 1\nprint(warmed_up)\nwarmed_up\n"
@@ -2275,9 +2319,7 @@ def main(argv):
         _pid_namespace_init(libc, int(init_report) if init_report else None)
         _become_program(libc, None)
     channel = Channel(options["channel"])
-    channel.send(
-        {"type": "hello", "protocol": PROTOCOL_VERSION, "report": probe(probe_config)}
-    )
+    channel.send({"type": "hello", "protocol": PROTOCOL_VERSION, "report": probe(probe_config)})
     # What the program needs and the probe does not, done while the host grades the hello
     # rather than before it: the site directories on the path, then (unless the program is
     # there already) the compiler's tree types.

@@ -80,8 +80,20 @@ STARTUP_STDERR_BYTES = 4096
 #: After the tree is killed, how long to wait for the pid namespace to empty.
 NAMESPACE_EXIT_SECONDS = 5.0
 #: Host directories that must never be bound into the sandbox, nor any directory above them.
-FORBIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/var/run", "/var", "/etc",
-             "/proc", "/sys", "/dev", "/boot")
+FORBIDDEN = (
+    "/root",
+    "/home",
+    "/tmp",
+    "/var/tmp",
+    "/run",
+    "/var/run",
+    "/var",
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/boot",
+)
 #: Merged-/usr symlinks (or, on older layouts, directories) the dynamic loader needs.
 HOST_CONFIG_UNDER_USR = "/usr/local/etc"
 SYSTEM_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -131,9 +143,12 @@ class BwrapOptions(LeasedIdentityOptions, InterpreterOptions):
 
 
 class BwrapBackend(
-    LeasedIdentityBackend[BwrapOptions], id="bwrap", claims=Level.ISOLATED,
+    LeasedIdentityBackend[BwrapOptions],
+    id="bwrap",
+    claims=Level.ISOLATED,
     # Commands run in the same child as programs (command mode).
-    runs_commands=True, shared_identity=("host_uid", "host_gid"),
+    runs_commands=True,
+    shared_identity=("host_uid", "host_gid"),
 ):
     # A root host drops bwrap to a leased identity, or to the one configured; elsewhere bwrap
     # runs as the host's own uid.
@@ -216,11 +231,17 @@ class BwrapBackend(
             "--disable-userns",
             "--die-with-parent",
             "--new-session",
-            "--cap-drop", "ALL",
-            "--uid", str(s.sandbox_uid),
-            "--gid", str(s.sandbox_gid),
-            "--hostname", "sandbox",
-            "--ro-bind", "/usr", "/usr",
+            "--cap-drop",
+            "ALL",
+            "--uid",
+            str(s.sandbox_uid),
+            "--gid",
+            str(s.sandbox_gid),
+            "--hostname",
+            "sandbox",
+            "--ro-bind",
+            "/usr",
+            "/usr",
         ]
         for name in SYSTEM_TOP_LEVEL:
             path = "/" + name
@@ -235,29 +256,58 @@ class BwrapBackend(
             # own configuration (package-manager settings, tokens): hidden under an empty,
             # read-only tmpfs.
             argv += [
-                "--perms", "0555", "--size", "4096", "--tmpfs", HOST_CONFIG_UNDER_USR,
-                "--remount-ro", HOST_CONFIG_UNDER_USR,
+                "--perms",
+                "0555",
+                "--size",
+                "4096",
+                "--tmpfs",
+                HOST_CONFIG_UNDER_USR,
+                "--remount-ro",
+                HOST_CONFIG_UNDER_USR,
             ]
         argv += [
-            "--proc", "/proc",
+            "--proc",
+            "/proc",
             # Nothing under /proc/sys is the sandbox's to change, even what its own
             # namespaces would allow.
-            "--ro-bind", "/proc/sys", "/proc/sys",
-            "--dev", "/dev",
-            "--perms", "0700", "--size", str(s.workspace_bytes), "--tmpfs", WORKSPACE,
-            "--perms", "0700", "--size", str(s.tmp_bytes), "--tmpfs", TMP,
-            "--perms", "0700", "--size", str(s.shm_bytes), "--tmpfs", "/dev/shm",
+            "--ro-bind",
+            "/proc/sys",
+            "/proc/sys",
+            "--dev",
+            "/dev",
+            "--perms",
+            "0700",
+            "--size",
+            str(s.workspace_bytes),
+            "--tmpfs",
+            WORKSPACE,
+            "--perms",
+            "0700",
+            "--size",
+            str(s.tmp_bytes),
+            "--tmpfs",
+            TMP,
+            "--perms",
+            "0700",
+            "--size",
+            str(s.shm_bytes),
+            "--tmpfs",
+            "/dev/shm",
             # The root and /dev are bwrap's own tmpfs mounts, owned by the sandbox's uid and
             # without a size cap: once every mount point exists, nothing more is written there.
-            "--remount-ro", "/dev",
-            "--remount-ro", "/",
-            "--chdir", WORKSPACE,
+            "--remount-ro",
+            "/dev",
+            "--remount-ro",
+            "/",
+            "--chdir",
+            WORKSPACE,
             "--clearenv",
         ]
         for key, value in {**child_environment(TMP), **request.environment}.items():
             argv += ["--setenv", key, value]
         argv += [
-            "--info-fd", str(info_fd),
+            "--info-fd",
+            str(info_fd),
             "--",
         ]
         # The same binary runs inside, bound read-only: precompiling for it is valid.
@@ -306,7 +356,10 @@ class BwrapBackend(
             channel.after_spawn()
             late.deliver(request.probe)
             launched = _Launched(
-                process, channel, self.mechanisms(cgroup), cgroup,
+                process,
+                channel,
+                self.mechanisms(cgroup),
+                cgroup,
                 self.memory_cgroup_bytes(request),
             )
             await launched.started(info_read)
@@ -363,7 +416,10 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
             await self.channel.wait_spoken()
 
         await wait_started(
-            self, spoke, self.channel.spoken, seconds=STARTUP_SECONDS,
+            self,
+            spoke,
+            self.channel.spoken,
+            seconds=STARTUP_SECONDS,
             stderr_bytes=STARTUP_STDERR_BYTES,
             failure=lambda status, said: (
                 f"bubblewrap could not start the sandbox ({status.describe()}): {said}"
@@ -431,8 +487,11 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
                 "(its memory cgroup) and the kernel's out-of-memory killer ended it",
             )
         return ExitStatus(
-            code=status.code, signal=status.signal, cpu_seconds=cpu,
-            peak_memory_bytes=peak, failure_hint=hint,
+            code=status.code,
+            signal=status.signal,
+            cpu_seconds=cpu,
+            peak_memory_bytes=peak,
+            failure_hint=hint,
         )
 
     def terminate_from_thread(self) -> None:
@@ -504,9 +563,7 @@ def _setpriv() -> str | None:
     return found if b"--pdeathsig" in usage else None
 
 
-def _prepare(
-    runner: tuple[int, int] | None, cgroup: ExecutionCgroup | None
-) -> Callable[[], None]:
+def _prepare(runner: tuple[int, int] | None, cgroup: ExecutionCgroup | None) -> Callable[[], None]:
     """Work done in the forked child before exec where setpriv is missing: join the
     execution's cgroup (before bwrap can fork, and while still root), drop root, then die with
     the host."""

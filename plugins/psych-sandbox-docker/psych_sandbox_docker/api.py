@@ -99,7 +99,7 @@ def engine_socket(engine: str) -> str | None:
     for variable in variables:
         value = os.environ.get(variable)
         if value:
-            return value[len("unix://"):] if value.startswith("unix://") else None
+            return value[len("unix://") :] if value.startswith("unix://") else None
     if engine == "docker":
         candidates = ["/var/run/docker.sock", "/run/docker.sock"]
     else:
@@ -112,9 +112,7 @@ def engine_socket(engine: str) -> str | None:
     return None
 
 
-def _request_bytes(
-    method: str, target: str, body: bytes | None, upgrade: bool
-) -> bytes:
+def _request_bytes(method: str, target: str, body: bytes | None, upgrade: bool) -> bytes:
     lines = [f"{method} {target} HTTP/1.1", "Host: engine"]
     if upgrade:
         lines += ["Connection: Upgrade", "Upgrade: tcp"]
@@ -138,11 +136,11 @@ class _Reader:
         try:
             line = await self.stream.receive_until(b"\r\n", limit)
         except anyio.DelimiterNotFound:
-            raise EngineProtocolError(f"the engine sent a {what} longer than {limit} bytes")\
-                from None
+            raise EngineProtocolError(
+                f"the engine sent a {what} longer than {limit} bytes"
+            ) from None
         except (anyio.IncompleteRead, anyio.EndOfStream):
-            raise EngineProtocolError(f"the engine closed the connection inside a {what}")\
-                from None
+            raise EngineProtocolError(f"the engine closed the connection inside a {what}") from None
         # The delimiter may arrive in the same read as an overlong line.
         if len(line) > limit:
             raise EngineProtocolError(f"the engine sent a {what} longer than {limit} bytes")
@@ -152,8 +150,7 @@ class _Reader:
         try:
             return await self.stream.receive_exactly(size)
         except (anyio.IncompleteRead, anyio.EndOfStream):
-            raise EngineProtocolError(f"the engine closed the connection inside a {what}")\
-                from None
+            raise EngineProtocolError(f"the engine closed the connection inside a {what}") from None
 
     async def head(self) -> tuple[int, str, dict[str, str]]:
         line = await self._line(MAX_LINE_BYTES, "status line")
@@ -225,8 +222,9 @@ class _Reader:
                 raise EngineProtocolError(f"the engine's chunked body exceeds {limit} bytes")
             data += await self._exactly(size, "chunk")
             if await self._exactly(2, "chunk terminator") != b"\r\n":
-                raise EngineProtocolError("a chunk of the engine's response is not followed "
-                                          "by CRLF (its size line lied)")
+                raise EngineProtocolError(
+                    "a chunk of the engine's response is not followed by CRLF (its size line lied)"
+                )
         trailers = 0
         while await self._line(MAX_LINE_BYTES, "trailer line"):
             trailers += 1
@@ -273,8 +271,9 @@ class EngineClient:
             with anyio.fail_after(timeout):
                 stream = await self._connect()
                 async with stream:
-                    await stream.send(_request_bytes(method, self.target(path, query),
-                                                     payload, upgrade=False))
+                    await stream.send(
+                        _request_bytes(method, self.target(path, query), payload, upgrade=False)
+                    )
                     reader = _Reader(BufferedByteReceiveStream(stream))
                     status, reason, headers = await reader.head()
                     if 100 <= status < 200:
@@ -285,8 +284,9 @@ class EngineClient:
                 f"the engine did not answer {method} {path} within {timeout:g} s"
             ) from None
         except (anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
-            raise EngineUnreachable(f"the engine's connection broke during {method} {path}: "
-                                    f"{exc or type(exc).__name__}") from exc
+            raise EngineUnreachable(
+                f"the engine's connection broke during {method} {path}: {exc or type(exc).__name__}"
+            ) from exc
         response = Response(status, reason, headers, data)
         if status >= 400:
             raise EngineStatusError(status, _error_message(response))
@@ -307,8 +307,9 @@ class EngineClient:
             with anyio.fail_after(timeout):
                 stream = await self._connect()
                 try:
-                    await stream.send(_request_bytes(method, self.target(path, query), None,
-                                                     upgrade=upgrade))
+                    await stream.send(
+                        _request_bytes(method, self.target(path, query), None, upgrade=upgrade)
+                    )
                     buffered = BufferedByteReceiveStream(stream)
                     reader = _Reader(buffered)
                     status, reason, headers = await reader.head()
@@ -320,8 +321,9 @@ class EngineClient:
                 f"the engine did not answer {method} {path} within {timeout:g} s"
             ) from None
         except (anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
-            raise EngineUnreachable(f"the engine's connection broke during {method} {path}: "
-                                    f"{exc or type(exc).__name__}") from exc
+            raise EngineUnreachable(
+                f"the engine's connection broke during {method} {path}: {exc or type(exc).__name__}"
+            ) from exc
         opened = OpenResponse(stream, reader, status, reason, headers)
         if status >= 400 or (upgrade and status not in (101, 200)):
             try:
@@ -330,8 +332,7 @@ class EngineClient:
                 body = b""
             finally:
                 await opened.aclose()
-            raise EngineStatusError(status, _error_message(Response(status, reason, headers,
-                                                                    body)))
+            raise EngineStatusError(status, _error_message(Response(status, reason, headers, body)))
         return opened
 
 
@@ -439,7 +440,11 @@ class OpenResponse:
     """
 
     def __init__(
-        self, stream: ByteStream, reader: _Reader, status: int, reason: str,
+        self,
+        stream: ByteStream,
+        reader: _Reader,
+        status: int,
+        reason: str,
         headers: dict[str, str],
     ) -> None:
         self._stream = stream
@@ -487,8 +492,9 @@ class OpenResponse:
                 header = await stream.receive_exactly(_FRAME_HEADER.size)
             except anyio.IncompleteRead:
                 if stream.buffer:
-                    raise EngineProtocolError("the engine's output stream ended inside a "
-                                              "frame header") from None
+                    raise EngineProtocolError(
+                        "the engine's output stream ended inside a frame header"
+                    ) from None
                 return None
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return None
@@ -498,17 +504,14 @@ class OpenResponse:
             if kind not in (STDOUT, STDERR):
                 raise EngineProtocolError(f"output frame of unknown stream type {kind}")
             if size > MAX_FRAME_BYTES:
-                raise EngineProtocolError(
-                    f"output frame of {size} bytes exceeds {MAX_FRAME_BYTES}"
-                )
+                raise EngineProtocolError(f"output frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
             # Kept until the payload is in: a cancelled read resumes at the payload.
             self._frame_header = (kind, size)
         kind, size = self._frame_header
         try:
             payload = await stream.receive_exactly(size) if size else b""
         except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError):
-            raise EngineProtocolError("the engine's output stream ended inside a frame")\
-                from None
+            raise EngineProtocolError("the engine's output stream ended inside a frame") from None
         self._frame_header = None
         return kind, payload
 

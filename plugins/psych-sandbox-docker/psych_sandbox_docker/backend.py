@@ -157,9 +157,12 @@ class GvisorOptions(DockerOptions):
 
 
 class DockerBackend(
-    LeasedIdentityBackend[DockerOptions], id="docker", claims=Level.ISOLATED,
+    LeasedIdentityBackend[DockerOptions],
+    id="docker",
+    claims=Level.ISOLATED,
     # Commands run in the same child as programs (command mode).
-    runs_commands=True, shared_identity=("container_uid", "container_gid"),
+    runs_commands=True,
+    shared_identity=("container_uid", "container_gid"),
 ):
     # Only a root host can lease (the lock directory is root's) and give the control socket
     # to the container's uid; a rootless one runs every container as nobody, or as the
@@ -179,9 +182,7 @@ class DockerBackend(
         #: The engine's API socket: every container of an execution is driven through it
         #: (the CLI is only used off the hot path: availability, reaping, image builds).
         self.socket_path = api.engine_socket(self.engine)
-        self.client = (
-            api.EngineClient(self.socket_path) if self.socket_path is not None else None
-        )
+        self.client = api.EngineClient(self.socket_path) if self.socket_path is not None else None
         #: The host's copy of the interpreter the image is built from: the physical floor a
         #: benchmark compares against.
         self.interpreter = INTERPRETER if os.path.exists(INTERPRETER) else sys.executable
@@ -197,8 +198,13 @@ class DockerBackend(
     def _engine(self, *args: str) -> subprocess.CompletedProcess[str]:
         assert self.cli is not None
         return subprocess.run(
-            [self.cli, *args], env=eng.engine_environment(), capture_output=True, text=True,
-            timeout=eng.ENGINE_COMMAND_SECONDS, check=False, stdin=subprocess.DEVNULL,
+            [self.cli, *args],
+            env=eng.engine_environment(),
+            capture_output=True,
+            text=True,
+            timeout=eng.ENGINE_COMMAND_SECONDS,
+            check=False,
+            stdin=subprocess.DEVNULL,
         )
 
     def unavailable_reason(self) -> str | None:
@@ -215,8 +221,7 @@ class DockerBackend(
                 "unix://... if set); start the engine or point DOCKER_HOST at its socket"
             )
         try:
-            inspected = self._engine("image", "inspect", "--format", "{{.Id}}",
-                                     self.options.image)
+            inspected = self._engine("image", "inspect", "--format", "{{.Id}}", self.options.image)
         except (OSError, subprocess.SubprocessError) as exc:
             return f"the {self.engine} engine did not answer: {exc}"
         if inspected.returncode != 0:
@@ -243,9 +248,20 @@ class DockerBackend(
         interpreter alone cost, the floor a cold execution is compared with in benchmarks."""
         assert self.cli is not None
         return [
-            self.cli, "run", "--rm", "--pull", "never", "--network", "none",
-            "--runtime", self.options.runtime, self.options.image,
-            INTERPRETER, "-I", "-c", "pass",
+            self.cli,
+            "run",
+            "--rm",
+            "--pull",
+            "never",
+            "--network",
+            "none",
+            "--runtime",
+            self.options.runtime,
+            self.options.image,
+            INTERPRETER,
+            "-I",
+            "-c",
+            "pass",
         ]
 
     # ------------------------------------------------------------------ mechanisms and container
@@ -284,7 +300,7 @@ class DockerBackend(
             "LogConfig": {"Type": "none", "Config": {}},
             "Tmpfs": {
                 WORKSPACE: f"rw,nosuid,nodev,size={s.workspace_bytes},uid={uid},"
-                           f"gid={gid},mode=0700",
+                f"gid={gid},mode=0700",
                 TMP: f"rw,nosuid,nodev,noexec,size={s.tmp_bytes},mode=1777",
             },
             "ShmSize": s.shm_bytes,
@@ -376,13 +392,18 @@ class DockerBackend(
             if self.is_root:
                 os.chown(channel.path, *identity)
             body = self.create_request(
-                request, execution=execution, socket_dir=socket_dir,
+                request,
+                execution=execution,
+                socket_dir=socket_dir,
                 channel_spec=channel.child_spec,
                 cgroup_parent=f"/{eng.CGROUP_ROOT}/{cgroup_name}" if measured else None,
                 identity=identity,
             )
             container = _Container(
-                self, client, channel, name,
+                self,
+                client,
+                channel,
+                name,
                 mechanisms=self.mechanisms(request.limits.memory_bytes is not None),
                 memory_bytes=request.limits.memory_bytes,
                 cgroup_name=cgroup_name if measured else None,
@@ -415,8 +436,10 @@ class DockerBackend(
         for container in sorted(self.unremoved):
             try:
                 await client.request(
-                    "DELETE", f"/containers/{api.path_segment(container)}",
-                    query={"force": "1", "v": "1"}, timeout=REMOVE_SECONDS,
+                    "DELETE",
+                    f"/containers/{api.path_segment(container)}",
+                    query={"force": "1", "v": "1"},
+                    timeout=REMOVE_SECONDS,
                 )
             except api.EngineStatusError as exc:
                 if exc.status != 404:
@@ -432,7 +455,9 @@ class DockerBackend(
         try:
             with anyio.fail_after(eng.ENGINE_COMMAND_SECONDS):
                 done = await anyio.run_process(
-                    [self.cli, *args], env=eng.engine_environment(), check=False,
+                    [self.cli, *args],
+                    env=eng.engine_environment(),
+                    check=False,
                     stdin=subprocess.DEVNULL,
                 )
         except (OSError, TimeoutError) as exc:
@@ -520,7 +545,7 @@ class _Demux:
         found = [at for at in map(pending.find, self._seals) if at >= 0]
         if found:
             # Nothing of the container was left to write after it.
-            del pending[min(found):]
+            del pending[min(found) :]
             self._sealed.add(kind)
             return len(pending)
         # A seal may have begun to arrive.
@@ -647,9 +672,7 @@ class _Container(Launched):
                 )
         except api.EngineStatusError as exc:
             if exc.status == 404 or "no such image" in exc.message.lower():
-                raise BackendUnavailable(
-                    image_missing(self.backend.options.image, engine)
-                ) from exc
+                raise BackendUnavailable(image_missing(self.backend.options.image, engine)) from exc
             raise BackendUnavailable(
                 f"the {engine} engine could not create the container: {exc.message}"
             ) from exc
@@ -658,14 +681,17 @@ class _Container(Launched):
         parsed = created.json()
         ident = parsed.get("Id") if isinstance(parsed, dict) else None
         if not isinstance(ident, str) or not _CONTAINER_ID.fullmatch(ident):
-            raise BackendUnavailable(f"the {engine} engine's create answer names no container "
-                                     f"id: {created.body[:200]!r}")
+            raise BackendUnavailable(
+                f"the {engine} engine's create answer names no container id: {created.body[:200]!r}"
+            )
         self._id = ident
         mark("container created")
         try:
             self._demux.attached = await self.client.open(
-                "POST", f"/containers/{self._ref}/attach",
-                query={"stream": "1", "stdout": "1", "stderr": "1"}, upgrade=True,
+                "POST",
+                f"/containers/{self._ref}/attach",
+                query={"stream": "1", "stdout": "1", "stderr": "1"},
+                upgrade=True,
             )
             self._waiter = await self.client.open(
                 "POST", f"/containers/{self._ref}/wait", query={"condition": "next-exit"}
@@ -706,8 +732,11 @@ class _Container(Launched):
             # While the interpreter starts: on a quiet host the lookup is over first.
             group.start_soon(self._take_init)
             await wait_started(
-                self, self.channel.accept_early, lambda: self.channel.early is not None,
-                seconds=STARTUP_SECONDS, stderr_bytes=STARTUP_STDERR_BYTES,
+                self,
+                self.channel.accept_early,
+                lambda: self.channel.early is not None,
+                seconds=STARTUP_SECONDS,
+                stderr_bytes=STARTUP_STDERR_BYTES,
                 failure=lambda status, said: (
                     f"the {self.backend.engine} engine's container ended before the sandboxed "
                     f"interpreter connected ({status.describe()}): {said}"
@@ -721,9 +750,11 @@ class _Container(Launched):
         if not self.backend.is_root or self.backend.engine != "docker" or self._id is None:
             return
         try:
-            inspected = (await self.client.request(
-                "GET", f"/containers/{self._ref}/json", timeout=INIT_LOOKUP_SECONDS
-            )).json()
+            inspected = (
+                await self.client.request(
+                    "GET", f"/containers/{self._ref}/json", timeout=INIT_LOOKUP_SECONDS
+                )
+            ).json()
         except api.EngineError:
             return
         state = inspected.get("State") if isinstance(inspected, dict) else None
@@ -757,7 +788,9 @@ class _Container(Launched):
         # 404 (gone) and 409 (not running) both mean there is nothing left to kill.
         try:
             await self.client.request(
-                "POST", f"/containers/{self._ref}/kill", query={"signal": "KILL"},
+                "POST",
+                f"/containers/{self._ref}/kill",
+                query={"signal": "KILL"},
                 timeout=KILL_SECONDS,
             )
         except api.EngineUnreachable as exc:
@@ -773,9 +806,7 @@ class _Container(Launched):
             try:
                 if self._id is not None and not self._exited.is_set():
                     await self._kill()
-                    if self._init is not None and await self._init.wait_ended(
-                        EXIT_REPORT_SECONDS
-                    ):
+                    if self._init is not None and await self._init.wait_ended(EXIT_REPORT_SECONDS):
                         # Killed by the host and seen ended by it: no process of the
                         # container is left, and the engine's report would add nothing the
                         # result needs (an out-of-memory end cannot outrank the kill).
@@ -791,9 +822,9 @@ class _Container(Launched):
                 # result or an abort); anything else may be an OOM kill only the engine saw.
                 if self._id is not None and (self._exit_code != 0 or self._killed):
                     try:
-                        inspected = (await self.client.request(
-                            "GET", f"/containers/{self._ref}/json"
-                        )).json()
+                        inspected = (
+                            await self.client.request("GET", f"/containers/{self._ref}/json")
+                        ).json()
                     except api.EngineUnreachable as exc:
                         self._engine_lost = str(exc)
                     except api.EngineError:
@@ -826,7 +857,9 @@ class _Container(Launched):
         self._removed = True
         try:
             await self.client.request(
-                "DELETE", f"/containers/{self._ref}", query={"force": "1", "v": "1"},
+                "DELETE",
+                f"/containers/{self._ref}",
+                query={"force": "1", "v": "1"},
                 timeout=REMOVE_SECONDS,
             )
         except api.EngineStatusError as exc:
@@ -873,9 +906,7 @@ class _Container(Launched):
         cpu, peak = self._usage()
         sig: int | None = None
         if state.get("OOMKilled") is True:
-            limit = (
-                f" of {self._memory_bytes // MiB} MiB" if self._memory_bytes is not None else ""
-            )
+            limit = f" of {self._memory_bytes // MiB} MiB" if self._memory_bytes is not None else ""
             hint = (
                 ErrorKind.MEMORY_LIMIT,
                 f"the program exhausted the container's memory limit{limit} and the kernel's "
@@ -885,11 +916,7 @@ class _Container(Launched):
         elif 128 < code < 128 + 65:
             # The engine's init exits 128+N when the program died of signal N.
             sig = code - 128
-        elif (
-            code == RUNSC_CRASHED
-            and self.backend.options.runtime == "runsc"
-            and not self._killed
-        ):
+        elif code == RUNSC_CRASHED and self.backend.options.runtime == "runsc" and not self._killed:
             hint = (
                 ErrorKind.WORKER_EXIT,
                 "the gVisor sandbox ended with status 2 before the program returned: runsc "
@@ -912,9 +939,9 @@ class _Container(Launched):
             failure_hint=hint,
             # The engine reports the exit once the container's init is gone, and with it its
             # pid namespace: every process of the container (so does the init's pidfd).
-            tree_ended=True if self._ended_by_host or (
-                self._exited.is_set() and self._exit_code is not None
-            ) else None,
+            tree_ended=True
+            if self._ended_by_host or (self._exited.is_set() and self._exit_code is not None)
+            else None,
         )
 
     def usage_so_far(self) -> tuple[float | None, int | None] | None:
@@ -938,10 +965,20 @@ class _Container(Launched):
             return None, None
         base = eng.CGROUP_MOUNT
         try:
-            cpu_ns = int((base / "cpuacct" / eng.CGROUP_ROOT / self._cgroup_name /
-                          "cpuacct.usage").read_text())
-            peak = int((base / "memory" / eng.CGROUP_ROOT / self._cgroup_name /
-                        "memory.max_usage_in_bytes").read_text())
+            cpu_ns = int(
+                (
+                    base / "cpuacct" / eng.CGROUP_ROOT / self._cgroup_name / "cpuacct.usage"
+                ).read_text()
+            )
+            peak = int(
+                (
+                    base
+                    / "memory"
+                    / eng.CGROUP_ROOT
+                    / self._cgroup_name
+                    / "memory.max_usage_in_bytes"
+                ).read_text()
+            )
         except (OSError, ValueError):
             return None, None
         return cpu_ns / 1e9, peak

@@ -62,16 +62,18 @@ async def fake_engine(
 
 
 async def test_content_length_and_chunked_bodies_are_read() -> None:
-    answer = OK_HEAD + b"Content-Length: 11\r\n\r\n{\"Id\": \"x\"}"
+    answer = OK_HEAD + b'Content-Length: 11\r\n\r\n{"Id": "x"}'
     async with fake_engine(answer) as (client, seen):
-        response = await client.request("POST", "/containers/create", query={"name": "a b"},
-                                        body={"Image": "i"})
+        response = await client.request(
+            "POST", "/containers/create", query={"name": "a b"}, body={"Image": "i"}
+        )
     assert response.json() == {"Id": "x"}
     head = seen[0]
     assert head.startswith(b"POST /v1.40/containers/create?name=a+b HTTP/1.1\r\n")
     assert b"Content-Length: 14\r\n" in head
-    chunked = (OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
-               b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n")
+    chunked = (
+        OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
+    )
     async with fake_engine(chunked) as (client, _):
         assert (await client.request("GET", "/x")).body == b"hello world"
     async with fake_engine(b"HTTP/1.1 204 No Content\r\n\r\n") as (client, _):
@@ -104,15 +106,21 @@ async def test_error_status_carries_the_engines_message() -> None:
         (OK_HEAD + b"Transfer-Encoding: gzip\r\n\r\n", "unsupported transfer encoding"),
         # Malformed chunks: a size that is not hex, a chunk longer than its size says, one
         # over the body ceiling.
-        (OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
-         "malformed chunk size"),
-        (OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nhello\r\n0\r\n\r\n",
-         "not followed by CRLF"),
-        (OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % (api.MAX_BODY_BYTES + 1),
-         "exceeds"),
+        (
+            OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+            "malformed chunk size",
+        ),
+        (
+            OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nhello\r\n0\r\n\r\n",
+            "not followed by CRLF",
+        ),
+        (
+            OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % (api.MAX_BODY_BYTES + 1),
+            "exceeds",
+        ),
         # Cut short: inside the head, inside a Content-Length body, inside a chunk.
         (b"HTTP/1.1 200 OK\r\nContent-Le", "closed the connection inside a header line"),
-        (OK_HEAD + b"Content-Length: 100\r\n\r\n{\"short\"", "closed the connection inside"),
+        (OK_HEAD + b'Content-Length: 100\r\n\r\n{"short"', "closed the connection inside"),
         (OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n10\r\nabc", "closed the connection"),
         (OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n", "closed the connection"),
         (b"", "closed the connection inside a status line"),
@@ -205,10 +213,10 @@ async def test_a_cancelled_wait_loses_nothing() -> None:
 
     async def slow(stream: SocketStream) -> None:
         await stream.send(OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
-        await stream.send(b"1d\r\n{\"Error\":null,")
+        await stream.send(b'1d\r\n{"Error":null,')
         first_sent.set()
         await go_on.wait()
-        await stream.send(b"\"StatusCode\":0}\r\n0\r\n\r\n")
+        await stream.send(b'"StatusCode":0}\r\n0\r\n\r\n')
 
     async with fake_engine(slow) as (client, _):
         opened = await client.open("POST", "/containers/c/wait")
