@@ -19,7 +19,8 @@ What is here:
   (the bootstrap reaching the channel raced against the launcher ending) and
   :func:`read_some` (a failed launcher's words);
 * running it: :class:`ManagedProcess` (a local child tree: spawn, wait on a pidfd, kill,
-  reap), :func:`create_workspace` and :func:`remove_tree`, interpreter resolution
+  reap), :class:`SocketByteStream` (a connected socket as a byte stream),
+  :func:`create_workspace` and :func:`remove_tree`, interpreter resolution
   (:meth:`InterpreterOptions.child_interpreter`, :class:`ChildInterpreter`,
   :func:`interpreter_prefixes`);
 * separating executions: :class:`LeasedIdentityBackend` (the base of a backend that runs
@@ -112,6 +113,7 @@ from .protocol import (
 )
 from .protocol.framing import HANDSHAKE_CEILINGS
 from .protocol.limits import MAX_HELLO_FRAME_BYTES, MAX_HOST_FRAME_BYTES
+from .socket_stream import SocketByteStream
 from .starting import HANDSHAKE_SECONDS, PassedFds, bootstrap_argv, read_some, wait_started
 from .temp_dirs import (
     host_alive,
@@ -176,6 +178,7 @@ __all__ = [
     "ProbeTargets",
     "ProcessLaunched",
     "RunFrame",
+    "SocketByteStream",
     "SubprocessBackend",
     "SubprocessOptions",
     "UnixSocketChannel",

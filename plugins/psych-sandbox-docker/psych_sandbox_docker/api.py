@@ -16,16 +16,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import struct
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
 import anyio
-import anyio.lowlevel
 from anyio.abc import ByteReceiveStream, ByteStream
 from anyio.streams.buffered import BufferedByteReceiveStream
+from psych_sandbox_core.backend_kit import SocketByteStream
 
 #: API version spoken. 1.40 (Docker 19.03) has every field this plugin sends; newer Docker
 #: engines accept it, and Podman's compatible API serves every version prefix.
@@ -248,7 +246,7 @@ class EngineClient:
 
     async def _connect(self) -> ByteStream:
         try:
-            return await EngineSocket.connect(self.socket_path)
+            return await SocketByteStream.connect_unix(self.socket_path)
         except OSError as exc:
             raise EngineUnreachable(
                 f"cannot connect to the engine at {self.socket_path}: {exc}"
@@ -334,86 +332,6 @@ class EngineClient:
                 await opened.aclose()
             raise EngineStatusError(status, _error_message(Response(status, reason, headers, body)))
         return opened
-
-
-class EngineSocket(ByteStream):
-    """A connection to the engine's Unix socket, waited on with anyio.wait_readable and
-    wait_writable.
-
-    Not anyio's own Unix socket stream: on asyncio it waits on a future the event loop's
-    reader callback completes, and a receive cancelled in the loop turn where the socket
-    became readable has that callback complete a cancelled future, which raises
-    InvalidStateError (logged by the loop, or raised out of aclose: anyio issue 1267). The
-    engine's reads are cancelled routinely (several tasks wait on one container's exit)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        sock.setblocking(False)
-        self._sock = sock
-        self._closed = False
-
-    @classmethod
-    async def connect(cls, path: str) -> EngineSocket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            while True:
-                try:
-                    sock.connect(path)
-                except BlockingIOError:
-                    # The listener's queue is full: wait for room, then try again.
-                    await anyio.wait_writable(sock)
-                else:
-                    return cls(sock)
-        except BaseException:
-            sock.close()
-            raise
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        while True:
-            try:
-                data = self._sock.recv(max_bytes)
-            except BlockingIOError:
-                await self._wait(anyio.wait_readable)
-                continue
-            except OSError as exc:
-                raise self._broken() from exc
-            if not data:
-                raise anyio.EndOfStream
-            return data
-
-    async def send(self, item: bytes) -> None:
-        view = memoryview(item)
-        while view:
-            try:
-                sent = self._sock.send(view)
-            except BlockingIOError:
-                await self._wait(anyio.wait_writable)
-                continue
-            except OSError as exc:
-                raise self._broken() from exc
-            view = view[sent:]
-
-    async def send_eof(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_WR)
-        except OSError as exc:
-            raise self._broken() from exc
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            # Whoever waits on the socket is told it closed, before it is.
-            anyio.notify_closing(self._sock)
-            self._sock.close()
-        await anyio.lowlevel.checkpoint()
-
-    async def _wait(self, wait: Callable[[socket.socket], Awaitable[None]]) -> None:
-        if self._closed:
-            raise anyio.ClosedResourceError
-        await wait(self._sock)
-
-    def _broken(self) -> Exception:
-        return anyio.ClosedResourceError() if self._closed else anyio.BrokenResourceError()
 
 
 class _BytesStream(ByteReceiveStream):

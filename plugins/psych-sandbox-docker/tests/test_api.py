@@ -4,8 +4,6 @@ hang or an unbounded read."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import struct
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -14,7 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from anyio.abc import ByteStream, SocketStream
+from anyio.abc import SocketStream
 
 from psych_sandbox_docker import api
 
@@ -233,89 +231,3 @@ def test_engine_socket_detection(monkeypatch: pytest.MonkeyPatch) -> None:
     assert api.engine_socket("docker") == "/somewhere/engine.sock"
     monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.1:2375")
     assert api.engine_socket("docker") is None
-
-
-# ---------------------------------------------------------------- the engine's socket
-
-
-def _receive_cancelled_as_readable(make: Callable[[socket.socket], ByteStream]) -> list[object]:
-    """Cancel a receive in the very loop turn its socket turns readable (another socket's
-    reader callback, ready first in that turn, cancels it); what the loop's exception
-    handler was handed meanwhile."""
-
-    async def main() -> list[object]:
-        loop = asyncio.get_running_loop()
-        errors: list[object] = []
-        loop.set_exception_handler(lambda _, context: errors.append(context))
-        first, first_peer = socket.socketpair()
-        mine, mine_peer = socket.socketpair()
-        first.setblocking(False)
-        stream = make(mine)
-        scope = anyio.CancelScope()
-        loop.add_reader(first, scope.cancel)
-
-        async def receive() -> None:
-            with scope:
-                await stream.receive()
-
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(receive)
-                await anyio.wait_all_tasks_blocked()
-                # Both readable before the loop next polls, the canceller's first.
-                first_peer.send(b"x")
-                mine_peer.send(b"y")
-            await stream.aclose()
-            for _ in range(3):
-                await anyio.sleep(0)
-        finally:
-            loop.remove_reader(first)
-            for sock in (first, first_peer, mine_peer):
-                sock.close()
-        return errors
-
-    return anyio.run(main, backend="asyncio")
-
-
-def test_a_receive_cancelled_as_its_socket_turns_readable_leaves_nothing_to_report() -> None:
-    # anyio's own Unix socket stream hands the loop an InvalidStateError here.
-    assert _receive_cancelled_as_readable(api.EngineSocket) == []
-
-
-async def test_the_engine_socket_carries_both_ways_and_reports_its_end(tmp_path: Path) -> None:
-    path = str(tmp_path / "engine.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen()
-    try:
-        stream = await api.EngineSocket.connect(path)
-        peer, _ = listener.accept()
-        payload = b"z" * (4 * 1024 * 1024)  # more than a socket buffer: sends wait for room
-
-        async def drain() -> bytes:
-            received = bytearray()
-            while len(received) < len(payload):
-                received += await anyio.to_thread.run_sync(peer.recv, 1 << 20)
-            return bytes(received)
-
-        async with anyio.create_task_group() as tg:
-            got: list[bytes] = []
-
-            async def collect() -> None:
-                got.append(await drain())
-
-            tg.start_soon(collect)
-            await stream.send(payload)
-        assert got == [payload]
-        peer.sendall(b"reply")
-        assert await stream.receive() == b"reply"
-        await stream.send_eof()
-        assert peer.recv(1) == b""
-        peer.close()
-        with pytest.raises(anyio.EndOfStream):
-            await stream.receive()
-        await stream.aclose()
-        with pytest.raises(anyio.ClosedResourceError):
-            await stream.receive()
-    finally:
-        listener.close()

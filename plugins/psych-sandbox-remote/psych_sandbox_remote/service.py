@@ -37,6 +37,7 @@ from psych_sandbox_core.backend_kit import (
     Level,
     ProbeHarness,
     RunFrame,
+    SocketByteStream,
     bootstrap_source,
     decode_host_frame,
 )
@@ -292,7 +293,11 @@ class _Execution:
             accepted = await launched.channel.accept()
         if accepted is not None:
             self._channel = (
-                _SocketChannel(accepted) if isinstance(accepted, socket.socket) else accepted
+                # The backend's channel socket, read and written in place: the backend owns
+                # and closes it (no transport of the event loop may adopt its descriptor).
+                SocketByteStream(accepted, owned=False)
+                if isinstance(accepted, socket.socket)
+                else accepted
             )
         self._accepted.set()
         channel = self._channel
@@ -364,46 +369,6 @@ class _Execution:
         self._finish_requested.set()
         await self._done.wait()
         return self.status
-
-
-class _SocketChannel(ByteStream):
-    """A backend's channel socket, read and written in place: the backend owns and closes
-    the socket (no transport of the event loop may adopt its descriptor)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        sock.setblocking(False)
-        self._sock = sock
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        while True:
-            try:
-                data = self._sock.recv(max_bytes)
-            except BlockingIOError:
-                await anyio.wait_readable(self._sock)
-                continue
-            except OSError as exc:
-                raise anyio.BrokenResourceError from exc
-            if not data:
-                raise anyio.EndOfStream
-            return data
-
-    async def send(self, item: bytes) -> None:
-        view = memoryview(item)
-        while view:
-            try:
-                sent = self._sock.send(view)
-            except BlockingIOError:
-                await anyio.wait_writable(self._sock)
-                continue
-            except OSError as exc:
-                raise anyio.BrokenResourceError from exc
-            view = view[sent:]
-
-    async def send_eof(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass  # the backend's to close
 
 
 class Service:
