@@ -118,6 +118,9 @@ async def test_an_exception_is_pinned() -> None:
 
 async def test_a_timeout_is_pinned() -> None:
     async with Sandbox(_profiles(wall_seconds=1.0)) as sandbox:
+        # A prepared child: its launch and handshake, slow on a loaded machine, are behind it,
+        # so the program's second starts as it is given and its first line is printed in it.
+        await sandbox.warmed("pin")
         result = await sandbox.run(
             "import sys, time\nprint('started', flush=True)\ntime.sleep(120)", profile="pin"
         )
