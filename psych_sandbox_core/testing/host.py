@@ -338,6 +338,11 @@ def cgroup_pids(directory: str) -> set[int]:
     return pids
 
 
+#: What a container engine makes at the top of a hierarchy for its containers the first time
+#: it starts one, and keeps: the engine's, not an execution's (what is made under it is).
+ENGINE_PARENTS = ("docker",)
+
+
 def cgroups_left(
     before: frozenset[str],
     *,
@@ -348,13 +353,19 @@ def cgroups_left(
     once those that others on the host make and remove at the same moment have had
     ``settle_seconds`` to go (polled: cgroupfs has no event for a directory's removal).
 
-    Not counted: one that holds a process other than those ``spared`` (someone else's running
-    cgroup), and one named for another host process (see :func:`names_another_host`), with
-    the parents only such a one keeps."""
+    Not counted: a container engine's own parent (:data:`ENGINE_PARENTS`), one that holds a
+    process other than those ``spared`` (someone else's running cgroup), and one named for
+    another host process (see :func:`names_another_host`), with the parents only such a one
+    keeps."""
     deadline = time.monotonic() + settle_seconds
     me = os.getpid()
+    engines = {
+        os.path.join(hierarchy.point, name)
+        for hierarchy in cgroupfs.hierarchies()
+        for name in ENGINE_PARENTS
+    }
     while True:
-        new = cgroup_directories() - before
+        new = cgroup_directories() - before - engines
         foreign = [path for path in new if names_another_host(path, me)]
         left = sorted(
             path for path in new
