@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
-from anyio.abc import SocketStream
 
 from . import spawner
 from .errors import ErrorKind
 from .phases import mark
+from .socket_stream import SocketByteStream
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,9 @@ class ManagedProcess:
     def __init__(
         self,
         popen: subprocess.Popen[bytes],
-        stdout: SocketStream,
-        stderr: SocketStream,
-        stdin: SocketStream | None = None,
+        stdout: SocketByteStream,
+        stderr: SocketByteStream,
+        stdin: SocketByteStream | None = None,
     ):
         self._popen = popen
         self.pid = popen.pid
@@ -155,13 +155,12 @@ class ManagedProcess:
         err_host.shutdown(socket.SHUT_WR)
         if in_host is not None:
             in_host.shutdown(socket.SHUT_RD)
-        # Shielded: the child exists now, and a cancellation arriving at one of these
-        # checkpoints would drop the only handle to it (a running, unreaped child and open
-        # sockets nobody owns).
-        with anyio.CancelScope(shield=True):
-            stdout = await SocketStream.from_socket(out_host)
-            stderr = await SocketStream.from_socket(err_host)
-            stdin = await SocketStream.from_socket(in_host) if in_host is not None else None
+        # Waited on with anyio.wait_readable (see socket_stream): anyio's own socket stream
+        # can complete a cancelled future when a read is cancelled as the socket turns
+        # readable, as a drain's is at teardown.
+        stdout = SocketByteStream(out_host)
+        stderr = SocketByteStream(err_host)
+        stdin = SocketByteStream(in_host) if in_host is not None else None
         return cls(popen, stdout, stderr, stdin)
 
     async def wait_exited(self) -> None:
