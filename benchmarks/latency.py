@@ -18,8 +18,11 @@ For each available backend it prints:
   prepared child could be had sooner), the CPU each execution cost the host process and its
   children (against what one bare process costs), and the median latency under that load;
 - where a backend names one (`bare_command()`), the bare equivalent of its own start-up
-  (`docker run --rm IMAGE python -I -c pass` of the same image and runtime) measured in the
-  same run, and the cold execution's ratio to it (target: under 1.2x);
+  measured in the same run, and the cold execution's ratio to it: for a container engine
+  `docker run --rm IMAGE python -I -c pass` of the same image and runtime (target: under
+  1.2x); for bubblewrap, bwrap with the backend's own namespaces and mounts running the same
+  start-up (no target: it shows what of the cold path is bubblewrap's own, which no host-side
+  work can take off it, next to the 1.5x target against the bare interpreter);
 - the same, cold and warm, for a program that awaits (`await asyncio.sleep(0)`) and for a
   code-mode program (20 no-op binding calls under `asyncio.gather`), each also as a ratio to
   the program that does not await, and cold also to the bare interpreter importing and
@@ -79,9 +82,10 @@ async def noop() -> None:
 
 BINDINGS = FunctionBindings({"noop": noop})
 
-#: A cold execution of a backend that names its bare equivalent (a container engine's `run`
-#: of the same image) should cost less than this many times that equivalent.
+#: A cold execution of a container backend should cost less than this many times its bare
+#: equivalent (the engine's `run` of the same image).
 BARE_TARGET = 1.2
+BARE_TARGET_BACKENDS = ("docker", "gvisor")
 
 #: What the time up to each point the host reaches was spent on (a point a backend does not
 #: reach is left out; the time until the next one it does reach includes that work).
@@ -294,10 +298,14 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int, rou
     if bare:
         b = statistics.median(bare)
         print(f"{backend_id}:   bare equivalent start-up median {b * 1e3:7.2f} ms ({b / f:5.2f}x)")
-        print(
-            f"{backend_id}:   cold / bare equivalent  {c / b:5.2f}x "
-            f"(target < {BARE_TARGET}x: {'met' if c / b < BARE_TARGET else 'NOT met'})"
-        )
+        if backend_id in BARE_TARGET_BACKENDS:
+            verdict = f"target < {BARE_TARGET}x: {'met' if c / b < BARE_TARGET else 'NOT met'}"
+        else:
+            verdict = (
+                f"the host's own part of a cold execution: {(c - b) * 1e3:.2f} ms; the bare "
+                f"equivalent alone is {b / f:.2f}x the bare start-up"
+            )
+        print(f"{backend_id}:   cold / bare equivalent  {c / b:5.2f}x ({verdict})")
     print_breakdown(backend_id, cold_marks, f)
 
 

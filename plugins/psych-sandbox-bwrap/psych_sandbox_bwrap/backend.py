@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import replace
 from functools import lru_cache
@@ -220,6 +220,26 @@ class BwrapBackend(
     ) -> list[str]:
         """The bwrap command line for one execution (``passed_fds``, ``late``: as
         bootstrap_argv's)."""
+        argv = self._sandbox_argv(request.environment)
+        argv += [
+            "--info-fd",
+            str(info_fd),
+            "--",
+        ]
+        # The same binary runs inside, bound read-only: precompiling for it is valid.
+        return argv + bootstrap_argv(
+            self.interpreter, request, channel_spec, passed_fds=passed_fds, late=late
+        )
+
+    def bare_command(self) -> list[str]:
+        """bubblewrap with this backend's namespaces, mounts and environment running the
+        interpreter's start-up (``-I -c pass``), as the host's own uid, without the host's
+        identity lease, cgroup, probes or protocol: what bubblewrap and the interpreter alone
+        cost, the floor a cold execution is compared with in benchmarks."""
+        return [*self._sandbox_argv({}), "--", self.interpreter, "-I", "-c", "pass"]
+
+    def _sandbox_argv(self, environment: Mapping[str, str]) -> list[str]:
+        """bwrap and its options for one sandbox, up to the command it runs."""
         assert self.bwrap is not None
         s = self.options
         argv = [
@@ -303,17 +323,9 @@ class BwrapBackend(
             WORKSPACE,
             "--clearenv",
         ]
-        for key, value in {**child_environment(TMP), **request.environment}.items():
+        for key, value in {**child_environment(TMP), **environment}.items():
             argv += ["--setenv", key, value]
-        argv += [
-            "--info-fd",
-            str(info_fd),
-            "--",
-        ]
-        # The same binary runs inside, bound read-only: precompiling for it is valid.
-        return argv + bootstrap_argv(
-            self.interpreter, request, channel_spec, passed_fds=passed_fds, late=late
-        )
+        return argv
 
     @asynccontextmanager
     async def launch_as(

@@ -11,13 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bwrap_support import BWRAP_ROOT, PROFILE, config, needs, run
+from bwrap_support import BWRAP_ROOT, PROFILE, config, needs, requires_bwrap, run
 from psych_sandbox_core import cgroups
 from psych_sandbox_core.backend_kit import owner_tag
 from psych_sandbox_core.testing.programs import cgroups_of_one_execution
 
 from psych_sandbox_bwrap import backend
-from psych_sandbox_bwrap.backend import DEFAULT_PIDS, PIDS_CGROUP_HEADROOM
+from psych_sandbox_bwrap.backend import (
+    DEFAULT_PIDS,
+    PIDS_CGROUP_HEADROOM,
+    BwrapBackend,
+    BwrapOptions,
+)
 
 pytestmark = [pytest.mark.anyio]
 
@@ -168,12 +173,16 @@ ENDINGS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str | None]] = {
     # name: (program after seen(), options, limits, error kind)
     "success": ("'done'", {}, {}, None),
     "timeout": (
-        "import time\nwhile True:\n    time.sleep(1)", {},
-        {"wall_seconds": 1.0, "grace_seconds": 0.2}, "timeout",
+        "import time\nwhile True:\n    time.sleep(1)",
+        {},
+        {"wall_seconds": 1.0, "grace_seconds": 0.2},
+        "timeout",
     ),
     "oom-kill": (
-        CGROUP_OOM, {"workspace_bytes": MiB, "tmp_bytes": MiB, "shm_bytes": MiB},
-        {"memory_bytes": 128 * MiB}, "memory_limit",
+        CGROUP_OOM,
+        {"workspace_bytes": MiB, "tmp_bytes": MiB, "shm_bytes": MiB},
+        {"memory_bytes": 128 * MiB},
+        "memory_limit",
     ),
     "cancelled": ("import time\nwhile True:\n    time.sleep(1)", {}, {}, None),
 }
@@ -185,7 +194,9 @@ async def test_no_cgroup_left_in_any_hierarchy(ending: str) -> None:
     listed from the host before and after an execution ending each way."""
     program, options, limits, kind = ENDINGS[ending]
     result, during, left = await cgroups_of_one_execution(
-        config(options, **limits), PROFILE, "await seen()\n" + program,
+        config(options, **limits),
+        PROFILE,
+        "await seen()\n" + program,
         cancel=ending == "cancelled",
     )
     if ending == "cancelled":
@@ -202,3 +213,18 @@ async def test_no_cgroup_left_in_any_hierarchy(ending: str) -> None:
     made = {Path(path).parent for path in during if Path(path).name.startswith(mine)}
     assert made == set(HOST.parents.values()), during
     assert left == []
+
+
+@requires_bwrap
+def test_the_bare_equivalent_is_the_same_sandbox_without_the_bootstrap() -> None:
+    """What benchmarks compare a cold execution with: bubblewrap with the backend's own
+    options, up to the command, running the interpreter's start-up, and it does start."""
+    backend = BwrapBackend(BwrapOptions())
+    bare = backend.bare_command()
+    assert bare[-4:] == [backend.interpreter, "-I", "-c", "pass"]
+    options = bare[: bare.index("--")]
+    for isolation in ("--unshare-all", "--unshare-user", "--disable-userns", "--clearenv"):
+        assert isolation in options
+    assert options.count("--tmpfs") >= 3
+    done = subprocess.run(bare, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
