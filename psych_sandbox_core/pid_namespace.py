@@ -17,10 +17,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
 
+#: Up to this many candidate processes are looked at on the event loop (see wait_empty).
+_LISTED_INLINE = 8
 #: The report is the init's pid in decimal (the descriptors travel beside it); the init's own,
 #: this tag, then the program's wait status in decimal and the CPU seconds of what the init
 #: reaped (a copy of bootstrap.EXIT_REPORT).
@@ -119,11 +122,19 @@ class PidNamespace:
         except ProcessLookupError:
             pass  # already exited: the namespace went with it
 
-    async def wait_empty(self, seconds: float) -> bool:
+    async def wait_empty(
+        self, seconds: float, candidates: Callable[[], set[int] | None] | None = None
+    ) -> bool:
         """Kill the namespace and wait until nothing is left in it; True once verified empty.
         Idempotent. False if the init outlived ``seconds`` or a member is still listed: the
         caller must then not treat the execution's identity as free (the uid sweep of
-        identity.py kills what runs under it, and keeps a uid whose processes will not die)."""
+        identity.py kills what runs under it, and keeps a uid whose processes will not die).
+
+        ``candidates``: where every member but the init must be among the processes it
+        returns (those of the execution's cgroup, where the program cannot leave it: it runs
+        as an unprivileged uid, and moving a process between cgroups takes root), only those
+        are looked at instead of every process of the host; None from it (unreadable) falls
+        back to the whole scan."""
         if self.emptied is not None:
             return self.emptied
         self.kill()
@@ -132,18 +143,34 @@ class PidNamespace:
             # The init exits last: the kernel has it wait until every other member is reaped.
             await anyio.wait_readable(self._handle)
             exited = True
-        self.emptied = exited and not await anyio.to_thread.run_sync(self._left)
+        if not exited:
+            self.emptied = False
+            return False
+        listed = None if candidates is None else candidates()
+        if listed is not None and len(listed) <= _LISTED_INLINE:
+            # A few stat calls: cheaper than the hop to a worker thread.
+            self.emptied = not self._left(listed)
+        else:
+            self.emptied = not await anyio.to_thread.run_sync(self._left, listed)
         return self.emptied
 
-    def _left(self) -> list[int]:
-        """The namespace's members, but for its init listed as dead: exited, and being
-        released by the kernel as its own last step (its parent keeps no zombies, see
-        bootstrap ``_pid_namespace_init``), which a host woken by its exit can still see. A
-        zombie init is listed: it waits for someone to reap it."""
+    def _left(self, listed: set[int] | None = None) -> list[int]:
+        """The namespace's members among ``listed`` (None: every process of the host's),
+        but for its init listed as dead: exited, and being released by the kernel as its own
+        last step (its parent keeps no zombies, see bootstrap ``_pid_namespace_init``), which
+        a host woken by its exit can still see. A zombie init is listed: it waits for someone
+        to reap it."""
+        found = (
+            members(self.identity)
+            if listed is None
+            else [
+                pid
+                for pid in sorted(listed | {self.init_pid})
+                if namespace_of(pid) == self.identity
+            ]
+        )
         return [
-            pid
-            for pid in members(self.identity)
-            if not (pid == self.init_pid and _state_of(pid) in ("X", None))
+            pid for pid in found if not (pid == self.init_pid and _state_of(pid) in ("X", None))
         ]
 
     def close(self) -> None:

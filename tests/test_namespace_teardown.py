@@ -605,3 +605,39 @@ def test_a_report_that_no_init_could_send_is_not_one(message: bytes) -> None:
     # The init is ours, but its report still arrives as bytes: only a real wait status and
     # a finite, non-negative CPU figure are taken.
     assert _exit_report(message) is None
+
+
+async def test_a_namespace_is_judged_among_the_candidates_it_is_given() -> None:
+    """Where the backend names the processes every member must be among (its cgroup's), only
+    those are looked at; one of them in the namespace keeps it from being seen empty, and
+    candidates that cannot be read fall back to the whole scan. Judged on real processes:
+    the host's own namespace stands for the execution's (its init a real child, which
+    wait_empty kills by its pidfd)."""
+    own = namespace_of(os.getpid())
+    assert own is not None
+
+    async def judged(listed: set[int] | None) -> bool:
+        # Reaped by the kernel as it dies, as the bootstrap's init is (its parent ignores
+        # SIGCHLD): a zombie init counts as left.
+        kept = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        init = subprocess.Popen(["sleep", "60"])
+        report, other = socket.socketpair()
+        other.close()
+        namespace = PidNamespace(
+            init.pid, own, os.open("/dev/null", os.O_RDONLY), os.pidfd_open(init.pid), report
+        )
+        try:
+            return await namespace.wait_empty(5.0, lambda: listed)
+        finally:
+            namespace.close()
+            report.close()
+            init.kill()
+            init.wait(5)
+            signal.signal(signal.SIGCHLD, kept)
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert await judged({gone.pid}) is True
+    assert await judged({gone.pid, os.getpid()}) is False
+    # Unreadable: every process of the host is looked at, and this one is a member.
+    assert await judged(None) is False

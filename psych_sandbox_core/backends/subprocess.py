@@ -25,7 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from functools import lru_cache
@@ -155,6 +155,7 @@ class SubprocessBackend(
         process: ManagedProcess | None = None
         cgroup: ExecutionCgroup | None = None
         namespace: PidNamespace | None = None
+        candidates: Callable[[], set[int] | None] | None = None
         # The bootstrap reports its namespace's init here (a pidfd, by SCM_RIGHTS).
         report, report_child = (
             socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -227,7 +228,12 @@ class SubprocessBackend(
                 # Not handed over (no pidfds there): the namespace still dies with the outer
                 # process, but the host cannot kill or check it itself.
                 mechanisms = mechanisms.model_copy(update={"process_tree_boundary": False})
-            launched = _Launched(process, channel, mechanisms, namespace, cgroup=cgroup)
+            # Where the program runs as an unprivileged uid it cannot leave its cgroup, so the
+            # namespace's members are among the cgroup's processes (pid_namespace.wait_empty).
+            candidates = cgroup.processes if cgroup is not None and identity is not None else None
+            launched = _Launched(
+                process, channel, mechanisms, namespace, cgroup=cgroup, candidates=candidates
+            )
             launched.workspace_path = workspace
             yield launched
         finally:
@@ -239,7 +245,7 @@ class SubprocessBackend(
                     await _kill(process, namespace)
                     await process.aclose()
                 if namespace is not None:
-                    await namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS)
+                    await namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS, candidates)
                     namespace.close()
                 if report is not None:
                     report.close()
@@ -273,9 +279,11 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
         namespace: PidNamespace | None,
         *,
         cgroup: ExecutionCgroup | None = None,
+        candidates: Callable[[], set[int] | None] | None = None,
     ) -> None:
         super().__init__(process, channel, mechanisms, cgroup)
         self._namespace = namespace
+        self._candidates = candidates
         #: How the program's process ended, as its init reported it, once terminate saw
         #: the init exit after it: then finish need not wait for the outer process.
         self._reported: ProgramEnd | None = None
@@ -312,7 +320,7 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
         ended: bool | None = None
         end: ProgramEnd | None = None
         if self._namespace is not None:
-            ended = await self._namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS)
+            ended = await self._namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS, self._candidates)
             end = self._namespace.program_end()
         # The program's own ending where its init reported it (the outer process mirrors its
         # status, but wait4 on it no longer counts the CPU of what the init reaped).
