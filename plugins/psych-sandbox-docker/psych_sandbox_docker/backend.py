@@ -905,7 +905,10 @@ class _Container(Launched):
                 )
         cpu, peak = self._usage()
         sig: int | None = None
-        if state.get("OOMKilled") is True:
+        cap = self._memory_bytes
+        if cap is not None and self.backend.options.runtime == "runsc":
+            cap += RUNSC_MEMORY_OVERHEAD
+        if state.get("OOMKilled") is True or (not self._killed and out_of_memory(code, cap, peak)):
             limit = f" of {self._memory_bytes // MiB} MiB" if self._memory_bytes is not None else ""
             hint = (
                 ErrorKind.MEMORY_LIMIT,
@@ -982,6 +985,22 @@ class _Container(Launched):
         except (OSError, ValueError):
             return None, None
         return cpu_ns / 1e9, peak
+
+
+#: How close to its cap the container's peak must have come for a SIGKILL nobody here sent to
+#: be the out-of-memory killer's (a cgroup's usage is never charged past its limit).
+OOM_PEAK_SLACK = 1 * MiB
+
+
+def out_of_memory(code: int, cap: int | None, peak: int | None) -> bool:
+    """Whether an exit the engine did not flag as an out-of-memory kill was one: SIGKILL
+    (128+9 from the container's init) with the container's memory at its cap. The engine's
+    flag comes from an event that can lose the race with the exit's (seen under gVisor); the
+    cgroup's own peak, read from the per-execution parent that outlives the container, does
+    not."""
+    if code != 128 + signal.SIGKILL or cap is None or peak is None:
+        return False
+    return peak >= cap - OOM_PEAK_SLACK
 
 
 def _remove_tree(directory: Path) -> None:
