@@ -119,10 +119,11 @@ async def test_an_exception_is_pinned() -> None:
 
 
 async def test_a_timeout_is_pinned() -> None:
-    # Three seconds: the program's first line is printed in its first milliseconds, but the
-    # suite runs beside fork bombs and engines, and a child starved of the CPU for a whole
-    # second was seen. A prepared child: its launch and handshake are behind it, so the
-    # program's clock starts as it is given.
+    # Three seconds: the program's first line is printed in its first milliseconds, yet
+    # twice under the whole suite's load (fork bombs and engines beside it) a one-second
+    # timeout came back without it; not reproduced alone or under CPU and engine load, so
+    # a failure now shows what the placeholders hide. A prepared child: its launch and
+    # handshake are behind it, so the program's clock starts as it is given.
     async with Sandbox(_profiles(wall_seconds=3.0)) as sandbox:
         await sandbox.warmed("pin")
         result = await sandbox.run(
