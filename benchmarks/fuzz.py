@@ -11,22 +11,20 @@ exits 1 on a finding, with the input that caused it.
     python benchmarks/fuzz.py [--seconds 60] [--only machine|bytes] [--input-seconds 10]
         [--rss-limit-mib 2048]
 
-atheris is not a dependency of the project: ``pip install atheris`` to use it.
+atheris comes with the test extra where it has wheels (Linux x86_64); elsewhere the bytes go
+through hypothesis.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 # The harness is imported only where it is used: atheris instruments what is imported after
-# it starts (see atheris_child).
+# it starts (see psych_sandbox_core/testing/atheris_fuzz.py).
 
 BATCH_EXAMPLES = 50
 STEPS = 30
@@ -91,72 +89,28 @@ def random_bytes(seconds: float) -> int:
     return 0
 
 
-def atheris_available() -> bool:
-    try:
-        import atheris  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def atheris_run(seconds: float, input_seconds: float, rss_limit_mib: int) -> int:
-    """libFuzzer through atheris, in a child process (it exits when done), from the seed
-    corpus; a crash, a timeout or an allocation past the limit is a finding."""
-    from psych_sandbox_core.testing.protocol_fuzz import interesting_seeds
+    """libFuzzer through atheris for ``seconds``, from the seed corpus (see
+    psych_sandbox_core/testing/atheris_fuzz.py)."""
+    from psych_sandbox_core.testing import atheris_fuzz
 
-    with tempfile.TemporaryDirectory(prefix="psych-fuzz-") as scratch:
-        corpus = Path(scratch, "corpus")
-        corpus.mkdir()
-        for index, seed in enumerate(interesting_seeds()):
-            (corpus / f"seed-{index}").write_bytes(seed)
-        done = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--atheris-child",
-                f"-max_total_time={int(seconds)}",
-                f"-timeout={int(input_seconds)}",
-                f"-rss_limit_mb={rss_limit_mib}",
-                f"-malloc_limit_mb={rss_limit_mib}",
-                "-max_len=1048576",
-                f"-artifact_prefix={scratch}/",
-                "-print_final_stats=1",
-                str(corpus),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        stats = [
-            line
-            for line in done.stderr.splitlines()
-            if "DONE" in line or "ERROR" in line or line.startswith("stat::number_of")
-        ]
-        findings = sorted(p.name for p in Path(scratch).iterdir() if p.name != "corpus")
-        for line in stats[-6:]:
-            print(f"  {line}")
-        if done.returncode != 0 or findings:
-            print(done.stderr[-4000:])
-            for name in findings:
-                print(f"finding {name}: {Path(scratch, name).read_bytes()[:400]!r}")
-            return 1
+    outcome = atheris_fuzz.fuzz(
+        [f"-max_total_time={int(seconds)}"],
+        input_seconds=int(input_seconds),
+        rss_limit_mib=rss_limit_mib,
+    )
+    for line in outcome.stats[-6:]:
+        print(f"  {line}")
+    if not outcome.ok:
+        print(outcome.output)
+        for name, data in outcome.findings:
+            print(f"finding {name}: {data!r}")
+        return 1
     print(f"reader and codec (atheris): {int(seconds)} s, no finding")
     return 0
 
 
-def atheris_child(argv: list[str]) -> None:
-    import atheris
-
-    with atheris.instrument_imports(include=["psych_sandbox_core"]):
-        from psych_sandbox_core.testing import protocol_fuzz
-    atheris.Setup([sys.argv[0], *argv], protocol_fuzz.feed_reader)
-    atheris.Fuzz()
-
-
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--atheris-child":
-        atheris_child(sys.argv[2:])
-        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--only", choices=["machine", "bytes"])
@@ -171,7 +125,9 @@ def main() -> None:
         if "machine" in parts:
             failed |= machine(share)
         if "bytes" in parts:
-            if atheris_available():
+            from psych_sandbox_core.testing import atheris_fuzz
+
+            if atheris_fuzz.available():
                 failed |= atheris_run(share, args.input_seconds, args.rss_limit_mib)
             else:
                 print(

@@ -5,10 +5,15 @@ Every finding is kept below as a regression test of its own."""
 
 from __future__ import annotations
 
+import platform
+import sys
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
+from psych_sandbox_core.testing import atheris_fuzz
 from psych_sandbox_core.testing.protocol_fuzz import (
     ConversationMachine,
     feed_reader,
@@ -45,3 +50,20 @@ def test_the_reader_and_codec_on_hostile_lines(lines: list[bytes]) -> None:
 def test_the_seed_corpus_goes_through_the_reader() -> None:
     for seed in interesting_seeds():
         feed_reader(seed)
+
+
+#: Where the test extra installs atheris (it has wheels there): its absence is a failure.
+ATHERIS_HERE = sys.platform == "linux" and platform.machine() == "x86_64"
+
+
+@pytest.mark.skipif(
+    not ATHERIS_HERE and not atheris_fuzz.available(),
+    reason="atheris has no wheels for this platform; the hypothesis targets above cover it",
+)
+def test_the_reader_and_codec_under_libfuzzer() -> None:
+    """A short, repeatable libFuzzer run (a fixed seed and number of inputs) from the seed
+    corpus: coverage-guided bytes that reach deeper than random ones, no finding."""
+    assert atheris_fuzz.available(), "atheris is missing: install the test extra"
+    outcome = atheris_fuzz.fuzz(["-runs=3000", "-seed=1"], input_seconds=10)
+    assert outcome.ok, (outcome.findings, outcome.output)
+    assert any("number_of_executed_units" in line for line in outcome.stats), outcome.stats
