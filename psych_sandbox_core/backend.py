@@ -67,6 +67,11 @@ class LaunchRequest:
     limits: ExecutionLimits
     #: The child's whole environment (an allow-list; backends add nothing secret).
     environment: dict[str, str] = field(default_factory=dict)
+    #: To be told the uid, on this host, that the child runs as where it has one of its own
+    #: (a leased or configured identity): only sockets of that uid then count as the child's
+    #: when they reach the probe's listeners (a process of another uid, such as another
+    #: execution's program scanning the host's ports, is not this execution's evidence).
+    runs_as: Callable[[int], None] = lambda uid: None
 
     @property
     def probe(self) -> ProbeTargets:

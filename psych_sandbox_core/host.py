@@ -330,4 +330,9 @@ async def _given(
 
 
 def _launch_request(harness: ProbeHarness, limits: ExecutionLimits) -> LaunchRequest:
-    return LaunchRequest(bootstrap_source=bootstrap_source(), targets=harness.made, limits=limits)
+    return LaunchRequest(
+        bootstrap_source=bootstrap_source(),
+        targets=harness.made,
+        limits=limits,
+        runs_as=harness.attribute_to,
+    )

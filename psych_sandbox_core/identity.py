@@ -407,7 +407,7 @@ class LeasedIdentityBackend(Backend[LeasedOptionsT], options=LeasedIdentityOptio
             leased_identity(
                 self.identities, lease=self.drops_identity, fixed=self.fixed_identity
             ) as identity,
-            self.launch_as(request, identity) as launched,
+            self.launch_as(_told(request, identity), identity) as launched,
         ):
             if isinstance(launched, Launched):
                 launched.when_handed_back(identity.returning)
@@ -631,3 +631,10 @@ def _lock_directory() -> str:
         + ", ".join(candidates)
         + ")"
     )
+
+
+def _told(request: LaunchRequest, identity: ExecutionIdentity) -> LaunchRequest:
+    """``request``, its host told the uid the child runs as where it has one."""
+    if identity.ids is not None:
+        request.runs_as(identity.ids[0])
+    return request

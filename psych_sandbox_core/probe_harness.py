@@ -30,6 +30,11 @@ class ProbeHarness:
 
     def __init__(self) -> None:
         self._counted = 0
+        #: The uid the child runs as on this host, once told (attribute_to); None: every
+        #: connection counts.
+        self._owner: int | None = None
+        #: Connections from sockets of another uid: not this execution's, not counted.
+        self.foreign = 0
         self._listeners: list[socket.socket] = []
         self._directory: str | None = None
         self._targets: ProbeTargets | None = None
@@ -49,9 +54,24 @@ class ProbeHarness:
                     continue
                 except OSError:
                     break  # out of descriptors: the rest stay queued for the next reading
-                connection.close()
-                self._counted += 1
+                try:
+                    if self._owner is not None and _socket_uid(connection) not in (
+                        None,
+                        self._owner,
+                    ):
+                        self.foreign += 1
+                        continue
+                    self._counted += 1
+                finally:
+                    connection.close()
         return self._counted
+
+    def attribute_to(self, uid: int) -> None:
+        """Count only connections from sockets of ``uid``, the uid the child runs as on this
+        host (one no other execution has): a socket's owner is its creator's, which a
+        program cannot change without privilege. One whose owner cannot be read (gone
+        already) still counts."""
+        self._owner = uid
 
     def made(self) -> ProbeTargets:
         """The targets, made the first time they are asked for while the harness is active
@@ -126,3 +146,35 @@ def _loopback_listener(family: str, host: str) -> tuple[socket.socket, int]:
         sock.close()
         raise
     return sock, port
+
+
+#: A TCP socket's state in /proc/net/tcp when only its time-wait remnant is left (no owner).
+_TIME_WAIT = "06"
+
+
+def _socket_uid(connection: socket.socket) -> int | None:
+    """The uid owning the peer's end of an accepted loopback connection, from the kernel's
+    socket table (this network namespace's), or None when it cannot be told."""
+    try:
+        peer_port = connection.getpeername()[1]
+        own_port = connection.getsockname()[1]
+    except OSError:
+        return None
+    table = "/proc/net/tcp6" if connection.family == socket.AF_INET6 else "/proc/net/tcp"
+    try:
+        with open(table, encoding="ascii", errors="replace") as fh:
+            next(fh, None)  # the header
+            for line in fh:
+                fields = line.split()
+                if len(fields) < 8:
+                    continue
+                local, remote, state = fields[1], fields[2], fields[3]
+                if (
+                    int(local.rsplit(":", 1)[1], 16) == peer_port
+                    and int(remote.rsplit(":", 1)[1], 16) == own_port
+                    and state != _TIME_WAIT
+                ):
+                    return int(fields[7])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

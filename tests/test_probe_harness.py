@@ -61,3 +61,22 @@ async def test_the_ipv6_listener_counts_too() -> None:
             pytest.skip("no ::1 on this host")
         socket.create_connection(("::1", targets.port6)).close()
         assert harness.connections == 1
+
+
+@pytest.mark.parametrize("how", ["open", "closed"])
+async def test_told_the_childs_uid_only_its_sockets_count(how: str) -> None:
+    """Once told the uid the child runs as, a connection from a socket of another uid (this
+    process's, here) is not counted, open or already closed by its peer; one of that uid is."""
+    async with ProbeHarness().active() as harness:
+        port = harness.made().port4
+        assert port is not None
+        harness.attribute_to(os.getuid() + 1)
+        held = [_connect(port, how)]
+        assert harness.connections == 0
+        assert harness.foreign == 1
+        harness.attribute_to(os.getuid())
+        held.append(_connect(port, how))
+        assert harness.connections == 1
+        for sock in held:
+            if sock is not None:
+                sock.close()
