@@ -69,8 +69,9 @@ class ProbeHarness:
     def attribute_to(self, uid: int) -> None:
         """Count only connections from sockets of ``uid``, the uid the child runs as on this
         host (one no other execution has): a socket's owner is its creator's, which a
-        program cannot change without privilege. One whose owner cannot be read (gone
-        already) still counts."""
+        program cannot change without privilege. One whose owner cannot be read any more
+        (its process closed it, or reset it) still counts: the child's own evidence is never
+        dropped, so only a connection held open by another uid is told apart."""
         self._owner = uid
 
     def made(self) -> ProbeTargets:
@@ -166,14 +167,17 @@ def _socket_uid(connection: socket.socket) -> int | None:
             next(fh, None)  # the header
             for line in fh:
                 fields = line.split()
-                if len(fields) < 8:
+                if len(fields) < 10:
                     continue
                 local, remote, state = fields[1], fields[2], fields[3]
                 if (
                     int(local.rsplit(":", 1)[1], 16) == peer_port
                     and int(remote.rsplit(":", 1)[1], 16) == own_port
-                    and state != _TIME_WAIT
                 ):
+                    # A socket its process has closed is listed as root's, without an inode:
+                    # its owner is not known any more.
+                    if state == _TIME_WAIT or fields[9] == "0":
+                        return None
                     return int(fields[7])
     except (OSError, ValueError, IndexError):
         return None

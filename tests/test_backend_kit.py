@@ -26,6 +26,7 @@ from psych_sandbox_core.backend_kit import (
     BackendOptions,
     BackendUnavailable,
     ExecutionIdentity,
+    ExecutionLimits,
     ExitStatus,
     IdentityRange,
     Launched,
@@ -35,6 +36,7 @@ from psych_sandbox_core.backend_kit import (
     Level,
     ManagedProcess,
     Mechanisms,
+    ProbeTargets,
     leased_identity,
     wait_started,
 )
@@ -318,21 +320,31 @@ class _Leasing(
         yield None  # type: ignore[misc]  # nothing is launched: the lease is under test
 
 
+def _no_targets() -> ProbeTargets:
+    raise AssertionError("nothing is launched: no probe targets are made")
+
+
 @pytest.mark.anyio
 async def test_a_leasing_backend_launches_inside_a_lease_of_its_own(
     one_uid: IdentityRange, sweeps: list[tuple[int, bool]]
 ) -> None:
     range_options = {"identity_first_uid": one_uid.first, "identity_count": one_uid.count}
     backend = _Leasing(_LeasingOptions(**range_options))
-    request: Any = None
+    # The host is told the uid each child runs as (its probe's evidence is that uid's).
+    told: list[int] = []
+    request = LaunchRequest(
+        bootstrap_source="", targets=ProbeTargets, limits=ExecutionLimits(), runs_as=told.append
+    )
     async with backend.launch(request):
         assert backend.seen.ids == (one_uid.first, one_uid.first) and backend.seen.exclusive
         assert sweeps == []
+        assert told == [one_uid.first]
     assert sweeps == [(one_uid.first, True)]
     # With the shared pair of settings set, every launch runs as that one identity, unleased.
     shared = _Leasing(_LeasingOptions(**range_options, shared_uid=65534, shared_gid=65534))
     async with shared.launch(request):
         assert shared.seen.ids == (65534, 65534) and not shared.seen.exclusive
+        assert told == [one_uid.first, 65534]
     assert sweeps == [(one_uid.first, True)]
 
 

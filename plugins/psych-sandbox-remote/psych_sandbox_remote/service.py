@@ -169,7 +169,10 @@ class _Execution:
         failure: str | None = None
         async with ProbeHarness().active() as harness:
             request = LaunchRequest(
-                bootstrap_source=bootstrap_source(), targets=harness.made, limits=self.limits
+                bootstrap_source=bootstrap_source(),
+                targets=harness.made,
+                limits=self.limits,
+                runs_as=harness.attribute_to,
             )
             try:
                 async with backend.launch(request) as launched:
