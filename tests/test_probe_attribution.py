@@ -12,7 +12,9 @@ import socket
 import pytest
 
 from psych_sandbox_core import Sandbox
+from psych_sandbox_core.backend import ProbeTargets
 from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core.probe_harness import ProbeHarness
 
 from .conftest import PROFILE, config
 
@@ -24,40 +26,28 @@ pytestmark = [
     ),
 ]
 
-#: /proc/net/tcp's listening state and the loopback addresses as it writes them.
-LISTEN = "0A"
-LOOPBACK = {
-    "/proc/net/tcp": ("0100007F", "127.0.0.1"),
-    "/proc/net/tcp6": ("0" * 24 + "01000000", "::1"),
-}
 
+async def test_another_uids_connections_to_the_probe_listeners_are_not_the_executions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The listeners this test's executions made, and no other: the host's other listeners
+    # belong to executions of other tests running beside this one.
+    made: list[ProbeTargets] = []
+    original = ProbeHarness.made
 
-def loopback_listeners() -> list[tuple[str, int]]:
-    """Every listening socket on a loopback address of this network namespace."""
-    found = []
-    for table, (hex_address, address) in LOOPBACK.items():
-        try:
-            with open(table) as fh:
-                lines = fh.readlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local_address, _, port = fields[1].partition(":")
-            if fields[3] == LISTEN and local_address == hex_address:
-                found.append((address, int(port, 16)))
-    return found
+    def recording(self: ProbeHarness) -> ProbeTargets:
+        targets = original(self)
+        made.append(targets)
+        return targets
 
-
-async def test_another_uids_connections_to_the_probe_listeners_are_not_the_executions() -> None:
+    monkeypatch.setattr(ProbeHarness, "made", recording)
     held: list[socket.socket] = []
 
     async def scan() -> int:
-        for address, port in loopback_listeners():
-            try:
-                held.append(socket.create_connection((address, port), timeout=2))
-            except OSError:
-                continue
+        for targets in made:
+            for address, port in (("127.0.0.1", targets.port4), ("::1", targets.port6)):
+                if port is not None:
+                    held.append(socket.create_connection((address, port), timeout=2))
         return len(held)
 
     try:
@@ -70,7 +60,7 @@ async def test_another_uids_connections_to_the_probe_listeners_are_not_the_execu
     finally:
         for sock in held:
             sock.close()
-    # The control: the host's scan reached listeners (the execution's among them).
+    # The control: the host's connections reached the execution's listeners.
     assert len(held) >= 1
     assert result.error is None, result.error
     assert result.stdout == "scanned True\n"

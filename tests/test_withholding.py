@@ -14,12 +14,14 @@ from typing import Any, ClassVar
 import pytest
 
 from psych_sandbox_core import DeploymentConfig, ErrorKind, Level, ProfileConfig, Sandbox
-from psych_sandbox_core.backend import BackendOptions
+from psych_sandbox_core.backend import BackendOptions, ProbeTargets
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
+from psych_sandbox_core.bindings import FunctionBindings
 from psych_sandbox_core.errors import GUIDANCE
 from psych_sandbox_core.grading import Mechanisms
 from psych_sandbox_core.hookspecs import hookimpl
 from psych_sandbox_core.narrowing import ExecutionRequest
+from psych_sandbox_core.probe_harness import ProbeHarness
 from psych_sandbox_core.registry import BackendRegistry
 
 pytestmark = pytest.mark.anyio
@@ -149,11 +151,7 @@ async def test_a_backend_that_misreports_is_refused_before_running(marker_dir: P
 #: nothing tells the program which), as a program scanning its host would.
 CONNECTS_DURING_RUN = """
 import socket
-with open("/proc/net/tcp") as table:
-    rows = [line.split() for line in table.read().splitlines()[1:]]
-listening = [row[1] for row in rows if row[3] == "0A"]  # state LISTEN
-ports = {int(address[9:], 16) for address in listening if address.startswith("0100007F:")}
-for port in ports:
+for port in await own_listeners():
     try:
         # Closed at once: the host counts what reached its listener's queue.
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -164,13 +162,37 @@ return 42
 """
 
 
+def _own_listeners(monkeypatch: pytest.MonkeyPatch) -> FunctionBindings:
+    """A tool naming the loopback ports of the probe listeners this test's executions made:
+    the program reaches those and no other (the host's other listeners belong to executions
+    of other tests running beside this one, whose evidence it must not become)."""
+    made: list[ProbeTargets] = []
+    original = ProbeHarness.made
+
+    def recording(self: ProbeHarness) -> ProbeTargets:
+        targets = original(self)
+        made.append(targets)
+        return targets
+
+    monkeypatch.setattr(ProbeHarness, "made", recording)
+
+    async def own_listeners() -> list[int]:
+        return sorted({t.port4 for t in made if t.port4 is not None})
+
+    return FunctionBindings({"own_listeners": own_listeners})
+
+
 def _no_namespaces() -> dict[str, ProfileConfig]:
     return {"open": ProfileConfig(backend="subprocess", options={"use_namespaces": False})}
 
 
-async def test_a_connection_seen_during_the_run_withholds_the_output() -> None:
+async def test_a_connection_seen_during_the_run_withholds_the_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     async with _sandbox(_no_namespaces()) as box:
-        result = await box.run(CONNECTS_DURING_RUN, profile="open")
+        result = await box.run(
+            CONNECTS_DURING_RUN, profile="open", bindings=_own_listeners(monkeypatch)
+        )
     assert result.error is not None, result
     assert result.error.kind is ErrorKind.ISOLATION_UNAVAILABLE
     assert "withheld" in result.error.message
