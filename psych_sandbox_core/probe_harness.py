@@ -149,10 +149,6 @@ def _loopback_listener(family: str, host: str) -> tuple[socket.socket, int]:
     return sock, port
 
 
-#: A TCP socket's state in /proc/net/tcp when only its time-wait remnant is left (no owner).
-_TIME_WAIT = "06"
-
-
 def _socket_uid(connection: socket.socket) -> int | None:
     """The uid owning the peer's end of an accepted loopback connection, from the kernel's
     socket table (this network namespace's), or None when it cannot be told."""
@@ -169,16 +165,14 @@ def _socket_uid(connection: socket.socket) -> int | None:
                 fields = line.split()
                 if len(fields) < 10:
                     continue
-                local, remote, state = fields[1], fields[2], fields[3]
+                local, remote = fields[1], fields[2]
                 if (
                     int(local.rsplit(":", 1)[1], 16) == peer_port
                     and int(remote.rsplit(":", 1)[1], 16) == own_port
                 ):
-                    # A socket its process has closed is listed as root's, without an inode:
-                    # its owner is not known any more.
-                    if state == _TIME_WAIT or fields[9] == "0":
-                        return None
-                    return int(fields[7])
+                    # A socket its process has closed (time-wait remnants too) is listed as
+                    # root's, without an inode: its owner is not known any more.
+                    return None if fields[9] == "0" else int(fields[7])
     except (OSError, ValueError, IndexError):
         return None
     return None

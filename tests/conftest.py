@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+from psych_sandbox_core.backend import ProbeTargets
+from psych_sandbox_core.probe_harness import ProbeHarness
 
 # Host-side probes, shared with every backend's tests; re-exported for this suite's modules.
 from psych_sandbox_core.testing.host import (  # noqa: F401
@@ -28,6 +30,23 @@ FAST_LIMITS: dict[str, Any] = {"cpu_seconds": 5, "wall_seconds": 30.0, "grace_se
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture
+def probe_targets(monkeypatch: pytest.MonkeyPatch) -> list[ProbeTargets]:
+    """The probe targets this test's executions make, as their harnesses make them: a test
+    that reaches listeners reaches these and no other (the host's other listeners belong to
+    executions of other tests running beside it, whose evidence it must not become)."""
+    made: list[ProbeTargets] = []
+    original = ProbeHarness.made
+
+    def recording(self: ProbeHarness) -> ProbeTargets:
+        targets = original(self)
+        made.append(targets)
+        return targets
+
+    monkeypatch.setattr(ProbeHarness, "made", recording)
+    return made
 
 
 def config(
@@ -66,7 +85,6 @@ def private_tmp() -> Iterator[Path]:
     is visible there and not mixed with anyone else's files."""
     with private_tempdir() as root:
         yield Path(root)
-
 
 
 def sleeper_argv_source(mark: str) -> str:

@@ -14,7 +14,6 @@ import pytest
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core.backend import ProbeTargets
 from psych_sandbox_core.bindings import FunctionBindings
-from psych_sandbox_core.probe_harness import ProbeHarness
 
 from .conftest import PROFILE, config
 
@@ -28,23 +27,12 @@ pytestmark = [
 
 
 async def test_another_uids_connections_to_the_probe_listeners_are_not_the_executions(
-    monkeypatch: pytest.MonkeyPatch,
+    probe_targets: list[ProbeTargets],
 ) -> None:
-    # The listeners this test's executions made, and no other: the host's other listeners
-    # belong to executions of other tests running beside this one.
-    made: list[ProbeTargets] = []
-    original = ProbeHarness.made
-
-    def recording(self: ProbeHarness) -> ProbeTargets:
-        targets = original(self)
-        made.append(targets)
-        return targets
-
-    monkeypatch.setattr(ProbeHarness, "made", recording)
     held: list[socket.socket] = []
 
     async def scan() -> int:
-        for targets in made:
+        for targets in probe_targets:
             for address, port in (("127.0.0.1", targets.port4), ("::1", targets.port6)):
                 if port is not None:
                     held.append(socket.create_connection((address, port), timeout=2))

@@ -21,7 +21,6 @@ from psych_sandbox_core.errors import GUIDANCE
 from psych_sandbox_core.grading import Mechanisms
 from psych_sandbox_core.hookspecs import hookimpl
 from psych_sandbox_core.narrowing import ExecutionRequest
-from psych_sandbox_core.probe_harness import ProbeHarness
 from psych_sandbox_core.registry import BackendRegistry
 
 pytestmark = pytest.mark.anyio
@@ -162,19 +161,8 @@ return 42
 """
 
 
-def _own_listeners(monkeypatch: pytest.MonkeyPatch) -> FunctionBindings:
-    """A tool naming the loopback ports of the probe listeners this test's executions made:
-    the program reaches those and no other (the host's other listeners belong to executions
-    of other tests running beside this one, whose evidence it must not become)."""
-    made: list[ProbeTargets] = []
-    original = ProbeHarness.made
-
-    def recording(self: ProbeHarness) -> ProbeTargets:
-        targets = original(self)
-        made.append(targets)
-        return targets
-
-    monkeypatch.setattr(ProbeHarness, "made", recording)
+def _own_listeners(made: list[ProbeTargets]) -> FunctionBindings:
+    """A tool naming the loopback ports of the probe listeners this test's executions made."""
 
     async def own_listeners() -> list[int]:
         return sorted({t.port4 for t in made if t.port4 is not None})
@@ -187,11 +175,11 @@ def _no_namespaces() -> dict[str, ProfileConfig]:
 
 
 async def test_a_connection_seen_during_the_run_withholds_the_output(
-    monkeypatch: pytest.MonkeyPatch,
+    probe_targets: list[ProbeTargets],
 ) -> None:
     async with _sandbox(_no_namespaces()) as box:
         result = await box.run(
-            CONNECTS_DURING_RUN, profile="open", bindings=_own_listeners(monkeypatch)
+            CONNECTS_DURING_RUN, profile="open", bindings=_own_listeners(probe_targets)
         )
     assert result.error is not None, result
     assert result.error.kind is ErrorKind.ISOLATION_UNAVAILABLE

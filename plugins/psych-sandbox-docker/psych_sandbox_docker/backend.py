@@ -242,6 +242,13 @@ class DockerBackend(
                 )
         return None
 
+    def container_memory(self, memory_bytes: int | None) -> int | None:
+        """The container's memory cap for a program's ``memory_bytes`` (gVisor's own sentry
+        and gofer are charged to it too), or None for none."""
+        if memory_bytes is None:
+            return None
+        return memory_bytes + (RUNSC_MEMORY_OVERHEAD if self.options.runtime == "runsc" else 0)
+
     def bare_command(self) -> list[str]:
         """A bare ``run`` of the interpreter's start-up (``-I -c pass``) in the same image and
         runtime, without any of the backend's hardening or protocol: what the engine and the
@@ -309,8 +316,8 @@ class DockerBackend(
         if runsc or self.engine == "docker":
             # Podman's default runtime is its own choice (often crun): name only gVisor there.
             host["Runtime"] = s.runtime
-        if limits.memory_bytes is not None:
-            memory = limits.memory_bytes + (RUNSC_MEMORY_OVERHEAD if runsc else 0)
+        memory = self.container_memory(limits.memory_bytes)
+        if memory is not None:
             host["Memory"] = memory
             host["MemorySwap"] = memory
         # The weight every execution gets (cgroups.py): the host that supervises it, and the
@@ -905,9 +912,7 @@ class _Container(Launched):
                 )
         cpu, peak = self._usage()
         sig: int | None = None
-        cap = self._memory_bytes
-        if cap is not None and self.backend.options.runtime == "runsc":
-            cap += RUNSC_MEMORY_OVERHEAD
+        cap = self.backend.container_memory(self._memory_bytes)
         if state.get("OOMKilled") is True or (not self._killed and out_of_memory(code, cap, peak)):
             limit = f" of {self._memory_bytes // MiB} MiB" if self._memory_bytes is not None else ""
             hint = (
