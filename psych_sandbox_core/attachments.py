@@ -144,6 +144,10 @@ class AttachmentLedger:
         self.runs_in_memory = runs_in_memory
         # Insertion order is recency order: a run is moved to the end whenever it is touched.
         self._runs: dict[tuple[str, str], _Run] = {}
+        # The runs memory may let go (every record also in the store), in the same order:
+        # eviction looks at these alone, so its cost does not grow with the runs that must
+        # stay (without a blob store, every run).
+        self._evictable: dict[tuple[str, str], None] = {}
 
     def _run(self, tenant: str, run_id: str) -> _Run:
         key = (tenant, run_id)
@@ -151,18 +155,23 @@ class AttachmentLedger:
         if run is None:
             run = _Run(epoch=secrets.token_urlsafe(6) if self.blob_store is not None else "")
         self._runs[key] = run
-        self._evict()
+        if run.volatile == 0:
+            self._evictable.pop(key, None)
+            self._evictable[key] = None
+        self._evict(key)
         return run
 
-    def _evict(self) -> None:
+    def _evict(self, touched: tuple[str, str]) -> None:
+        """Let the least recently used evictable runs go while more than ``runs_in_memory``
+        are held; never ``touched``, the run being used."""
         excess = len(self._runs) - self.runs_in_memory
         if excess <= 0:
             return
-        # Oldest first; the newest (the one being touched) is never a candidate.
-        for key in list(self._runs)[:-1]:
+        for key in list(itertools.islice(self._evictable, excess + 1)):
             if excess <= 0:
                 return
-            if self._runs[key].volatile == 0:
+            if key != touched:
+                del self._evictable[key]
                 del self._runs[key]
                 excess -= 1
 
@@ -175,6 +184,7 @@ class AttachmentLedger:
         """Drop a run's records from memory. Its blobs, and with a blob store its durable
         records, stay in the store under the store's own retention."""
         self._runs.pop((tenant, run_id), None)
+        self._evictable.pop((tenant, run_id), None)
 
     def handles(self, tenant: str, run_id: str) -> list[str]:
         """The run's handles this ledger holds in memory (not those only in the store)."""
@@ -186,6 +196,7 @@ class AttachmentLedger:
         run.records[record.attachment.handle] = record
         if not record.durable:
             run.volatile += 1
+            self._evictable.pop((tenant, run_id), None)  # it holds what exists nowhere else
 
     async def _persist(self, tenant: str, run_id: str, record: _Record) -> bool:
         """Write the record to the blob store; False when there is none or it failed."""

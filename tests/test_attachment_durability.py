@@ -126,7 +126,9 @@ async def test_foreign_and_forged_handles_are_denied_after_a_restart(tmp_path: P
         # Narrowed to this host's slot, the earlier host's handle is not there.
         with pytest.raises(AttachmentDenied):
             await sandbox.attachments.read(
-                stdout, tenant="acme", run_id="run-a",
+                stdout,
+                tenant="acme",
+                run_id="run-a",
                 slot=again.stdout_info.attachment.split(":")[1],
             )
         # Its own run and tenant still work, so each denial above was the scope, not the store.
@@ -176,8 +178,13 @@ class FailingStore(BlobStore):
 async def keep(ledger: AttachmentLedger, run_id: str, data: bytes = b"abc") -> str:
     slot = ledger.new_slot("t", run_id)
     attachment, _ = await ledger.keep(
-        tenant="t", run_id=run_id, slot=slot, name="stdout", kind="stream",
-        data=data, policy=OutputPolicy(inline_bytes=1024),
+        tenant="t",
+        run_id=run_id,
+        slot=slot,
+        name="stdout",
+        kind="stream",
+        data=data,
+        policy=OutputPolicy(inline_bytes=1024),
     )
     return attachment.handle
 
@@ -204,6 +211,40 @@ async def test_records_memory_alone_holds_are_never_dropped(tmp_path: Path) -> N
         ledger.forget("t", "r0")
         with pytest.raises(AttachmentDenied):
             await ledger.read(handles[0], tenant="t", run_id="r0")
+
+
+class SometimesFailingStore(FilesystemBlobStore):
+    """A real store whose writes fail for the runs named in ``failing``."""
+
+    def __init__(self, root: Path, failing: set[str]) -> None:
+        super().__init__(root)
+        self.failing = failing
+
+    async def put(self, address: BlobAddress, data: bytes) -> None:
+        if address.run_id in self.failing:
+            raise OSError("store unavailable")
+        await super().put(address, data)
+
+
+async def test_eviction_passes_over_runs_memory_alone_holds(tmp_path: Path) -> None:
+    # Many runs only memory holds, older than every durable one: eviction lets the durable
+    # ones go oldest first, keeps every memory-only run, and never the run being written.
+    volatile = {f"v{i}" for i in range(300)}
+    ledger = AttachmentLedger(SometimesFailingStore(tmp_path / "blobs", volatile), runs_in_memory=3)
+    kept = {run: await keep(ledger, run) for run in sorted(volatile)}
+    durable = [f"d{i}" for i in range(5)]
+    for run in durable:
+        await keep(ledger, run)
+        assert ledger.handles("t", run), "the run just written stays in memory"
+    assert all(ledger.handles("t", run) == [handle] for run, handle in kept.items())
+    assert [bool(ledger.handles("t", run)) for run in durable] == [False] * 4 + [True]
+    # A memory-only run forgotten frees its place: the next durable runs fill it.
+    for run in sorted(volatile)[:299]:
+        ledger.forget("t", run)
+    await keep(ledger, "d5")
+    assert [bool(ledger.handles("t", run)) for run in [*durable, "d5"]] == [False] * 4 + [True] * 2
+    await keep(ledger, "d6")
+    assert [bool(ledger.handles("t", run)) for run in ["d4", "d5", "d6"]] == [False, True, True]
 
 
 async def test_a_damaged_or_moved_record_is_denied(tmp_path: Path) -> None:
