@@ -213,6 +213,9 @@ class ChildDriver:
                             with anyio.CancelScope(shield=True):
                                 await early.deliver()
                             mark("result handed back")
+                            # The caller's turn first: its wake-up was queued as the result
+                            # was handed back, and what follows would run ahead of it.
+                            await anyio.lowlevel.cancel_shielded_checkpoint()
                             # The child exits right after its result; one that does not has
                             # nothing left to say and is killed by the teardown below.
                             with anyio.move_on_after(EXIT_AFTER_EARLY_RESULT_SECONDS):
@@ -436,9 +439,9 @@ class ChildDriver:
 
 async def _collected(plan: ExecutionPlan, workspace: str | None) -> Collection | None:
     """The workspace's artifacts (collect_artifacts): in a worker thread, since a program can
-    leave many files, except for an empty workspace, whose walk costs less than the hop."""
+    leave many files, except for an empty workspace, which has nothing to walk."""
     if workspace is not None and _empty_directory(workspace):
-        return collect_artifacts(plan.output, workspace)
+        return collect_artifacts(plan.output, workspace, empty=True)
     return await anyio.to_thread.run_sync(collect_artifacts, plan.output, workspace)
 
 

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 
 from .artifact_channel import ChannelCollector, channel_request
 from .artifact_walk import collect
-from .artifacts import MAX_SKIPPED_LISTED, Collection, CollectionLimits, collection_failure
+from .artifacts import (
+    MAX_SKIPPED_LISTED,
+    Collection,
+    CollectionLimits,
+    collection_failure,
+    safe_parts,
+)
 from .attachments import AttachmentLedger
 from .budgets import ExecutionMeter
 from .errors import ErrorKind
@@ -67,16 +73,23 @@ def _limits(policy: OutputPolicy) -> CollectionLimits:
     )
 
 
-def collect_artifacts(context: OutputContext | None, workspace: str | None) -> Collection | None:
+def collect_artifacts(
+    context: OutputContext | None, workspace: str | None, *, empty: bool = False
+) -> Collection | None:
     """Collect the workspace's artifacts under the context's policy (blocking: run in a
     worker thread). None when no artifacts were asked for; a collection naming why when the
-    workspace cannot be reached (no path and nothing sent over the channel)."""
+    workspace cannot be reached (no path and nothing sent over the channel). ``empty``: the
+    caller saw the workspace empty once nothing could write to it any more, so there is no
+    walk to make (it would find nothing, in any folder)."""
     if context is None or not context.policy.collect_artifacts:
         return None
     policy = context.policy
     if workspace is None:
         return collection_failure(policy.artifacts_folder, "unreachable")
-    return collect(workspace, _limits(policy), folder=policy.artifacts_folder)
+    folder = policy.artifacts_folder
+    if empty and (folder is None or safe_parts(folder) is not None):
+        return Collection()
+    return collect(workspace, _limits(policy), folder=folder)
 
 
 def artifact_collector(

@@ -69,9 +69,9 @@ def b64(data: bytes) -> str:
 # Paths are text the bootstrap has already checked: no separator, NUL or lone surrogate (a
 # name that is not UTF-8 is sent escaped, never raw).
 name_characters = st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",))
-paths = st.lists(
-    st.text(name_characters, min_size=1, max_size=12), min_size=1, max_size=4
-).map("/".join)
+paths = st.lists(st.text(name_characters, min_size=1, max_size=12), min_size=1, max_size=4).map(
+    "/".join
+)
 
 
 @given(
@@ -108,9 +108,14 @@ def test_run_frame_with_a_collection_request_round_trips(
         folder=folder, max_files=numbers[0], file_bytes=numbers[1], total_bytes=numbers[2]
     )
     frame = RunFrame(
-        source="1", tools=[], artifacts=request,
+        source="1",
+        tools=[],
+        artifacts=request,
         limits=ChildLimits(
-            cpu_seconds=None, memory_bytes=None, file_size_bytes=None, processes=None,
+            cpu_seconds=None,
+            memory_bytes=None,
+            file_size_bytes=None,
+            processes=None,
             return_value_bytes=10,
         ),
     )
@@ -136,8 +141,9 @@ def test_artifact_frame_fields_are_bounded_before_decoding() -> None:
     with pytest.raises(ProtocolViolation):
         decode_child_frame(b'{"type":"artifact_skipped","path":"a","reason":"because"}')
     with pytest.raises(ProtocolViolation, match="surrogate"):
-        decode_child_frame(b'{"type":"artifact","path":"a\\udcff","offset":0,"data":"",'
-                           b'"last":true}')
+        decode_child_frame(
+            b'{"type":"artifact","path":"a\\udcff","offset":0,"data":"","last":true}'
+        )
 
 
 def test_bootstrap_copies_of_artifact_constants_match() -> None:
@@ -152,7 +158,10 @@ def test_bootstrap_copies_of_artifact_constants_match() -> None:
 
 def collector(**caps: Any) -> ChannelCollector:
     values: dict[str, Any] = {
-        "folder": "", "max_files": 10, "file_bytes": 4 * CHUNK, "total_bytes": 8 * CHUNK,
+        "folder": "",
+        "max_files": 10,
+        "file_bytes": 4 * CHUNK,
+        "total_bytes": 8 * CHUNK,
     }
     values.update(caps)
     return ChannelCollector(ArtifactRequest(**values))
@@ -279,6 +288,23 @@ def test_no_workspace_and_no_channel_says_so() -> None:
     assert problem is not None and "cannot hand its workspace" in problem
 
 
+@pytest.mark.parametrize("folder", [None, "out", "a/b", "../up", "/abs"])
+def test_an_empty_workspace_is_collected_as_a_walk_would_find_it(
+    tmp_path: Path, folder: str | None
+) -> None:
+    context = OutputContext(
+        policy=OutputPolicy(artifacts_folder=folder), ledger=None, tenant="t", run_id="r"
+    )
+
+    def collected(empty: bool) -> object:
+        try:
+            return collect_artifacts(context, str(tmp_path), empty=empty)
+        except ValueError as exc:
+            return str(exc)
+
+    assert collected(empty=True) == collected(empty=False)
+
+
 # ---------------------------------------------------------------- end to end
 
 
@@ -367,7 +393,9 @@ for name, size in (("a", 10), ("b", 500), ("c", 10), ("d", 10), ("e", 1), ("f", 
     assert result.error is None, result.error
     assert sorted(a.path for a in result.artifacts) == ["out/a", "out/c", "out/e"]
     assert {s.path: s.reason for s in result.skipped_artifacts} == {
-        "out/b": "too_large", "out/d": "total_cap", "out/f": "too_many",
+        "out/b": "too_large",
+        "out/d": "total_cap",
+        "out/f": "too_many",
     }
 
 
@@ -424,8 +452,7 @@ HOSTILE = {
     "traversal": ("artifact('../../escape', b'owned')\n" + SLEEP, "'..'"),
     "absolute": ("artifact('/tmp/escape', b'owned')\n" + SLEEP, "absolute"),
     "offset-gap": (
-        f"artifact('a', b'x' * {MIB}, last=False)\n"
-        f"artifact('a', b'y', offset=3 * {MIB})\n" + SLEEP,
+        f"artifact('a', b'x' * {MIB}, last=False)\nartifact('a', b'y', offset=3 * {MIB})\n" + SLEEP,
         "expected 1048576",
     ),
     "over-cap-chunk": (
