@@ -285,66 +285,102 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 #: Where the queue filesystem is mounted, inside a mount namespace private to one thread.
 _QUEUE_MOUNT_POINT = b"/dev"
+#: A descriptor of that filesystem's root, once mounted (see _queue_root).
+_queue_root_fd: int | None = None
+_queue_root_lock = threading.Lock()
 
 
 def remove_message_queues(uids: Collection[int], failures: dict[int, OSError]) -> int:
     """Unlink the POSIX message queues of ``uids`` in the host's IPC namespace; how many.
 
-    Queues are only listed through an mqueue filesystem, which hosts often do not mount. A
-    short-lived thread mounts one in a mount namespace of its own (made private first, so
-    nothing propagates to the host's), and the mount ends with the thread. 0 where that is
-    not allowed (no CAP_SYS_ADMIN): such a host is documented as not sweeping queues.
+    Queues are only listed through an mqueue filesystem, which hosts often do not mount. One
+    is mounted once per host process (see _queue_root) and listed through a descriptor of its
+    own each time. 0 where that is not allowed (no CAP_SYS_ADMIN): such a host is documented
+    as not sweeping queues.
     """
     if not uids:
         return 0
-    libc = _libc()
-    outcome: list[int | BaseException] = []
-
-    def in_private_namespace() -> None:
-        try:
-            if (
-                libc.unshare(CLONE_NEWNS | CLONE_FS) != 0
-                or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0
-                or libc.mount(b"mqueue", _QUEUE_MOUNT_POINT, b"mqueue", 0, None) != 0
-            ):
-                outcome.append(0)
-                return
-            outcome.append(_remove_owned_queues(os.fsdecode(_QUEUE_MOUNT_POINT), uids, failures))
-        except BaseException as exc:  # handed to the caller's thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=in_private_namespace, name="psych-sandbox-mqueue-sweep")
-    thread.start()
-    thread.join()
-    result = outcome[0] if outcome else 0
-    if isinstance(result, BaseException):
-        raise result
-    return result
-
-
-def _remove_owned_queues(
-    directory: str, uids: Collection[int], failures: dict[int, OSError]
-) -> int:
-    removed = 0
-    fd = os.open(directory, DIRECTORY_FLAGS)
+    root = _queue_root()
+    if root is None:
+        return 0
+    # A descriptor of this sweep's own: a directory's read position is its open file's, and
+    # sweeps of other loops may list the same directory at once.
+    fd = os.open(".", DIRECTORY_FLAGS, dir_fd=root)
     try:
-        for name in os.listdir(fd):
-            try:
-                owner = os.stat(name, dir_fd=fd, follow_symlinks=False).st_uid
-            except FileNotFoundError:
-                continue
-            if owner not in uids:
-                continue
-            try:
-                os.unlink(name, dir_fd=fd)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                _failed(failures, owner, exc)
-                continue
-            removed += 1
+        return _remove_owned_queues(fd, uids, failures)
     finally:
         os.close(fd)
+
+
+def _queue_root() -> int | None:
+    """A descriptor of the root of a queue filesystem of this host's IPC namespace; None where
+    one cannot be mounted.
+
+    Mounted by a short-lived thread in a mount namespace of its own (made private first, so
+    nothing propagates to the host's): the mount leaves with the namespace, detached, but
+    lives on for as long as the descriptor is open, reachable through it alone. Mounting it
+    for every sweep instead (a thread, a copy of the host's mount table, its teardown) cost
+    more than everything else a sweep does together.
+    """
+    global _queue_root_fd
+    with _queue_root_lock:
+        if _queue_root_fd is not None:
+            return _queue_root_fd
+        libc = _libc()
+        outcome: list[int | BaseException | None] = []
+
+        def in_private_namespace() -> None:
+            try:
+                if (
+                    libc.unshare(CLONE_NEWNS | CLONE_FS) != 0
+                    or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0
+                    or libc.mount(b"mqueue", _QUEUE_MOUNT_POINT, b"mqueue", 0, None) != 0
+                ):
+                    outcome.append(None)
+                    return
+                outcome.append(os.open(_QUEUE_MOUNT_POINT, DIRECTORY_FLAGS))
+            except BaseException as exc:  # handed to the caller's thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=in_private_namespace, name="psych-sandbox-mqueue-mount")
+        thread.start()
+        thread.join()
+        result = outcome[0] if outcome else None
+        if isinstance(result, BaseException):
+            raise result
+        # Not mountable here (no privilege): asked again at the next sweep, at the cost of a
+        # thread, on a host that sweeps nothing else of the kind either.
+        _queue_root_fd = result
+        return result
+
+
+def _forget_queue_root_lock() -> None:
+    # A process forked while another thread mounted would inherit the lock held for good.
+    global _queue_root_lock
+    _queue_root_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_queue_root_lock)
+
+
+def _remove_owned_queues(fd: int, uids: Collection[int], failures: dict[int, OSError]) -> int:
+    removed = 0
+    for name in os.listdir(fd):
+        try:
+            owner = os.stat(name, dir_fd=fd, follow_symlinks=False).st_uid
+        except FileNotFoundError:
+            continue
+        if owner not in uids:
+            continue
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            _failed(failures, owner, exc)
+            continue
+        removed += 1
     return removed
 
 

@@ -136,6 +136,22 @@ def test_a_sweep_removes_what_a_process_of_the_uid_left(one_uid: int) -> None:
         assert os.path.exists(target) and os.listdir(target_dir) == ["inside"]
 
 
+def test_queues_are_swept_through_a_mount_the_host_never_sees(one_uid: int) -> None:
+    # The queue filesystem is mounted once and kept by a descriptor alone: queues made after
+    # it was mounted are swept all the same, and the host's mount table never shows it.
+    with open("/proc/self/mountinfo") as fh:
+        mounts_before = fh.read()
+    mark = marker("psych-left")
+    for _ in range(2):
+        with host_targets(mark) as (target, target_dir):
+            plant_as(one_uid, mark, target, target_dir)
+            assert "mqueue" in host_leftovers(mark, one_uid)
+            sweep(one_uid, one_uid)
+            assert "mqueue" not in host_leftovers(mark, one_uid)
+    with open("/proc/self/mountinfo") as fh:
+        assert fh.read() == mounts_before
+
+
 def test_clearing_keyrings_of_a_uid_without_keys_does_nothing(one_uid: int) -> None:
     assert not has_keys(one_uid)
     assert clear_keyrings(one_uid) is False
