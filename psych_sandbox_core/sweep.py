@@ -29,6 +29,7 @@ import ctypes
 import errno
 import os
 import platform
+import queue
 import select
 import signal
 import stat
@@ -37,7 +38,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .workspace import DIRECTORY_FLAGS, remove_entry
@@ -285,83 +286,106 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 #: Where the queue filesystem is mounted, inside a mount namespace private to one thread.
 _QUEUE_MOUNT_POINT = b"/dev"
-#: A descriptor of that filesystem's root, once mounted (see _queue_root).
-_queue_root_fd: int | None = None
-_queue_root_lock = threading.Lock()
+#: How long the thread that sweeps queues waits for another sweep before it exits.
+QUEUE_SWEEPER_LINGER_SECONDS = 5.0
 
 
 def remove_message_queues(uids: Collection[int], failures: dict[int, OSError]) -> int:
     """Unlink the POSIX message queues of ``uids`` in the host's IPC namespace; how many.
 
     Queues are only listed through an mqueue filesystem, which hosts often do not mount. One
-    is mounted once per host process (see _queue_root) and listed through a descriptor of its
-    own each time. 0 where that is not allowed (no CAP_SYS_ADMIN): such a host is documented
-    as not sweeping queues.
+    thread mounts one in a mount namespace of its own (made private first, so nothing
+    propagates to the host's) and sweeps for every caller; the mount ends with the thread,
+    which exits once no sweep came for QUEUE_SWEEPER_LINGER_SECONDS. 0 where mounting is not
+    allowed (no CAP_SYS_ADMIN): such a host is documented as not sweeping queues.
     """
     if not uids:
         return 0
-    root = _queue_root()
-    if root is None:
-        return 0
-    # A descriptor of this sweep's own: a directory's read position is its open file's, and
-    # sweeps of other loops may list the same directory at once.
-    fd = os.open(".", DIRECTORY_FLAGS, dir_fd=root)
-    try:
-        return _remove_owned_queues(fd, uids, failures)
-    finally:
-        os.close(fd)
+    return _queue_sweeper.sweep(uids, failures)
 
 
-def _queue_root() -> int | None:
-    """A descriptor of the root of a queue filesystem of this host's IPC namespace; None where
-    one cannot be mounted.
+@dataclass
+class _QueueSweep:
+    uids: Collection[int]
+    failures: dict[int, OSError]
+    outcome: int | BaseException = 0
+    done: threading.Event = field(default_factory=threading.Event)
 
-    Mounted by a short-lived thread in a mount namespace of its own (made private first, so
-    nothing propagates to the host's): the mount leaves with the namespace, detached, but
-    lives on for as long as the descriptor is open, reachable through it alone. Mounting it
-    for every sweep instead (a thread, a copy of the host's mount table, its teardown) cost
-    more than everything else a sweep does together.
-    """
-    global _queue_root_fd
-    with _queue_root_lock:
-        if _queue_root_fd is not None:
-            return _queue_root_fd
-        libc = _libc()
-        outcome: list[int | BaseException | None] = []
 
-        def in_private_namespace() -> None:
+class _QueueSweeper:
+    """The thread behind :func:`remove_message_queues`, started by the first sweep after it
+    exited. Mounting for every sweep instead (a thread, a copy of the host's mount table and
+    its teardown) cost more than everything else a sweep does together. The thread, not a
+    descriptor of its mount handed out, does the listing: nothing of it stays in the host's
+    descriptor table between sweeps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sweeps: queue.SimpleQueue[_QueueSweep] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def sweep(self, uids: Collection[int], failures: dict[int, OSError]) -> int:
+        request = _QueueSweep(uids, failures)
+        with self._lock:
+            self._sweeps.put(request)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="psych-sandbox-mqueue-sweep", daemon=True
+                )
+                self._thread.start()
+        request.done.wait()
+        if isinstance(request.outcome, BaseException):
+            raise request.outcome
+        return request.outcome
+
+    def _run(self) -> None:
+        mounted: bool | BaseException
+        try:
+            libc = _libc()
+            mounted = (
+                libc.unshare(CLONE_NEWNS | CLONE_FS) == 0
+                and libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+                and libc.mount(b"mqueue", _QUEUE_MOUNT_POINT, b"mqueue", 0, None) == 0
+            )
+        except BaseException as exc:  # handed to each caller
+            mounted = exc
+        while True:
             try:
-                if (
-                    libc.unshare(CLONE_NEWNS | CLONE_FS) != 0
-                    or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0
-                    or libc.mount(b"mqueue", _QUEUE_MOUNT_POINT, b"mqueue", 0, None) != 0
-                ):
-                    outcome.append(None)
-                    return
-                outcome.append(os.open(_QUEUE_MOUNT_POINT, DIRECTORY_FLAGS))
+                request = self._sweeps.get(timeout=QUEUE_SWEEPER_LINGER_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    # A sweep put after the wait timed out is still served: the lock orders
+                    # its arrival before this check or after the thread is gone.
+                    if self._sweeps.empty():
+                        self._thread = None
+                        return
+                continue
+            try:
+                if mounted is True:
+                    fd = os.open(_QUEUE_MOUNT_POINT, DIRECTORY_FLAGS)
+                    try:
+                        request.outcome = _remove_owned_queues(fd, request.uids, request.failures)
+                    finally:
+                        os.close(fd)
+                else:
+                    request.outcome = 0 if mounted is False else mounted
             except BaseException as exc:  # handed to the caller's thread
-                outcome.append(exc)
-
-        thread = threading.Thread(target=in_private_namespace, name="psych-sandbox-mqueue-mount")
-        thread.start()
-        thread.join()
-        result = outcome[0] if outcome else None
-        if isinstance(result, BaseException):
-            raise result
-        # Not mountable here (no privilege): asked again at the next sweep, at the cost of a
-        # thread, on a host that sweeps nothing else of the kind either.
-        _queue_root_fd = result
-        return result
+                request.outcome = exc
+            finally:
+                request.done.set()
 
 
-def _forget_queue_root_lock() -> None:
-    # A process forked while another thread mounted would inherit the lock held for good.
-    global _queue_root_lock
-    _queue_root_lock = threading.Lock()
+_queue_sweeper = _QueueSweeper()
+
+
+def _forget_queue_sweeper() -> None:
+    # A forked child has no such thread, and the lock may have been held at the fork.
+    global _queue_sweeper
+    _queue_sweeper = _QueueSweeper()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_queue_root_lock)
+    os.register_at_fork(after_in_child=_forget_queue_sweeper)
 
 
 def _remove_owned_queues(fd: int, uids: Collection[int], failures: dict[int, OSError]) -> int:

@@ -16,7 +16,9 @@ import anyio
 import pytest
 
 from psych_sandbox_core import Sandbox
+from psych_sandbox_core import sweep as sweep_module
 from psych_sandbox_core.sweep import clear_keyrings, has_keys, sweep
+from psych_sandbox_core.testing.host import open_fds
 from psych_sandbox_core.testing.leftovers import (
     PLANT_DIRECTORIES,
     finding_program,
@@ -136,20 +138,31 @@ def test_a_sweep_removes_what_a_process_of_the_uid_left(one_uid: int) -> None:
         assert os.path.exists(target) and os.listdir(target_dir) == ["inside"]
 
 
-def test_queues_are_swept_through_a_mount_the_host_never_sees(one_uid: int) -> None:
-    # The queue filesystem is mounted once and kept by a descriptor alone: queues made after
-    # it was mounted are swept all the same, and the host's mount table never shows it.
+def test_queues_are_swept_through_a_mount_the_host_never_sees(
+    one_uid: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One thread mounts the queue filesystem in a namespace of its own and sweeps while
+    # sweeps come, then exits; the next sweep mounts again. Queues are swept either way, and
+    # the host's mount table and descriptors never show the mount.
+    monkeypatch.setattr(sweep_module, "QUEUE_SWEEPER_LINGER_SECONDS", 0.2)
     with open("/proc/self/mountinfo") as fh:
         mounts_before = fh.read()
+    fds_before = open_fds()
     mark = marker("psych-left")
     for _ in range(2):
-        with host_targets(mark) as (target, target_dir):
-            plant_as(one_uid, mark, target, target_dir)
-            assert "mqueue" in host_leftovers(mark, one_uid)
-            sweep(one_uid, one_uid)
-            assert "mqueue" not in host_leftovers(mark, one_uid)
+        for _ in range(2):  # the second while the thread of the first still waits
+            with host_targets(mark) as (target, target_dir):
+                plant_as(one_uid, mark, target, target_dir)
+                assert "mqueue" in host_leftovers(mark, one_uid)
+                sweep(one_uid, one_uid)
+                assert "mqueue" not in host_leftovers(mark, one_uid)
+        thread = sweep_module._queue_sweeper._thread
+        assert thread is not None
+        thread.join(timeout=30)
+        assert not thread.is_alive()
     with open("/proc/self/mountinfo") as fh:
         assert fh.read() == mounts_before
+    assert open_fds() == fds_before
 
 
 def test_clearing_keyrings_of_a_uid_without_keys_does_nothing(one_uid: int) -> None:
