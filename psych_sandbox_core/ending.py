@@ -1,7 +1,6 @@
 """How an execution ends: what happened, classified, its output preserved, assembled."""
 
 from __future__ import annotations
-from .phases import mark
 
 from dataclasses import dataclass
 
@@ -28,7 +27,6 @@ async def conclude_ending(ending: Ending) -> ExecutionResult:
     """The result: classified, its output preserved (or withheld), assembled."""
     happened = ending.happened
     failure = failure_of(happened)
-    mark('F1 failure_of')
     kept = await preserve(
         happened.plan.output,
         stdout=ending.stdout,
@@ -38,7 +36,6 @@ async def conclude_ending(ending: Ending) -> ExecutionResult:
         withheld=withheld(failure),
         meter=None if ending.calls is None else ending.calls.meter,
     )
-    mark('F2 preserved')
     if kept.unavailable is not None:
         failure = unavailable_failure(kept.unavailable, failure)
     return assemble(happened, failure, kept)

@@ -268,7 +268,6 @@ async def _hold(
                             prepared._driver = child
                             task_status.started(prepared)
                             plan = await _given(prepared, child, launched, on_gone)
-                            mark('H1 given')
                         if plan is not None:
                             given = True
                             started = time.monotonic()

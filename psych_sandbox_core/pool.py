@@ -26,7 +26,6 @@ back to the caller that has waited longest.
 """
 
 from __future__ import annotations
-from .phases import mark
 
 import math
 from collections import deque
@@ -192,7 +191,6 @@ class WarmPool:
             self._last_at[n] = now
         try:
             child = await self._child()
-            mark('P1 child')
             if child is None:
                 return await self._cold(plan)
             if self._running > len(self._ready) + len(self._preparing) - len(self._waiters):

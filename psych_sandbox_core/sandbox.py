@@ -1,7 +1,6 @@
 """The public API: a Sandbox runs one program per call under a named profile."""
 
 from __future__ import annotations
-from .phases import mark
 
 import dataclasses
 import difflib
@@ -289,7 +288,6 @@ class Sandbox:
         keep_variables: bool = False,
     ) -> ExecutionResult:
         loaded = await self._load(request.profile)
-        mark('S1 loaded')
         terms = narrow(
             BackendCapability.of(type(loaded.backend)),
             policy or TenantPolicy(),
@@ -298,7 +296,6 @@ class Sandbox:
             loaded.config,
         )
         limits = terms.limits
-        mark('S2 narrowed')
         files: tuple[InputFile, ...] = ()
         if inputs:
             # Checked and read before anything starts (a host file read off the event loop).
@@ -332,7 +329,6 @@ class Sandbox:
         execution_id = uuid.uuid4().hex
         # Asked at the start of every execution: a tool withdrawn since the last one is gone.
         specs, failure = await _listed_tools(bindings, limits.wall_seconds)
-        mark('S3 listed')
         scope = ExecutionScope(tenant, run_id or execution_id, execution_id)
         run_log = self._ephemeral_run_log if run_id is None else self._durable_log()
         outputs = self.attachments if loaded.config.output.read_output else None
@@ -352,7 +348,6 @@ class Sandbox:
             # reported on the result like any failure, never raised out of run().
             failure = _provider_failure(f"it listed tools that cannot be offered: {exc}")
             calls = CallServer(None, [], budgets=budgets, run_log=run_log, scope=scope)
-        mark('S4 callserver')
         if failure is not None:
             refusal = refusal or failure
         plan = ExecutionPlan(
@@ -375,12 +370,10 @@ class Sandbox:
             variables_json=variables_json,
             keep_variables=keep_variables,
         )
-        mark('S5 plan')
         pool = self._pool(loaded)
         try:
             async with relaying(on_output) as relay:
                 plan = dataclasses.replace(plan, relay=relay)
-                mark('S6 relaying')
                 result = await (
                     pool.run(plan)
                     if pool is not None
