@@ -34,6 +34,7 @@ from .narrowing import (
     BackendCapability,
     ExecutionRequest,
     TenantPolicy,
+    Terms,
     narrow,
     request_for,
     strictest_level,
@@ -70,6 +71,10 @@ def default_run_log_path() -> str:
     return os.path.join(directory, "run-log.sqlite")
 
 
+#: How many different requests' terms a loaded profile keeps.
+TERMS_KEPT = 64
+
+
 @dataclasses.dataclass
 class _LoadedProfile:
     name: str
@@ -78,6 +83,35 @@ class _LoadedProfile:
     identity: BackendIdentity
     #: How ``default`` chose its backend on this host; None when the profile names one.
     selection: Selection | None = None
+    #: The terms of the requests seen so far (see :meth:`terms`).
+    _terms: dict[tuple[TenantPolicy | None, ExecutionRequest], Terms] = dataclasses.field(
+        default_factory=dict, repr=False
+    )
+
+    def terms(self, policy: TenantPolicy | None, request: ExecutionRequest) -> Terms:
+        """The terms of an execution of this profile (narrow). Kept for requests seen before:
+        the same inputs give the same terms, and a caller sends the same request time after
+        time. Refusals are not kept (each result gets a failure of its own), nor are the
+        terms of more than TERMS_KEPT different requests (all are dropped then)."""
+        key = (policy, request)
+        try:
+            kept, keepable = self._terms.get(key), True
+        except TypeError:  # something unhashable in the policy or the request
+            kept, keepable = None, False
+        if kept is not None:
+            return kept
+        terms = narrow(
+            BackendCapability.of(type(self.backend)),
+            policy or TenantPolicy(),
+            request,
+            self.name,
+            self.config,
+        )
+        if keepable and terms.refusal is None:
+            if len(self._terms) >= TERMS_KEPT:
+                self._terms.clear()
+            self._terms[key] = terms
+        return terms
 
 
 class Sandbox:
@@ -288,13 +322,7 @@ class Sandbox:
         keep_variables: bool = False,
     ) -> ExecutionResult:
         loaded = await self._load(request.profile)
-        terms = narrow(
-            BackendCapability.of(type(loaded.backend)),
-            policy or TenantPolicy(),
-            request,
-            loaded.name,
-            loaded.config,
-        )
+        terms = loaded.terms(policy, request)
         limits = terms.limits
         files: tuple[InputFile, ...] = ()
         if inputs:

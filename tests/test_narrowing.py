@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from psych_sandbox_core import ExecutionLimits, Level, ProfileConfig
+from psych_sandbox_core import ExecutionLimits, Level, ProfileConfig, Sandbox
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.grading import level_at_least
 from psych_sandbox_core.narrowing import (
@@ -22,6 +22,8 @@ from psych_sandbox_core.narrowing import (
     narrow,
     request_for,
 )
+
+from .conftest import PROFILE, config
 
 LIMIT_NAMES = list(ExecutionLimits.model_fields)
 OPTIONAL_ON_PROFILE = {"memory_bytes", "file_size_bytes", "processes"}
@@ -40,9 +42,7 @@ def _value(name: str) -> st.SearchStrategy[Any]:
     return ints
 
 
-ceilings = st.builds(
-    LimitCeilings, **{name: st.none() | _value(name) for name in LIMIT_NAMES}
-)
+ceilings = st.builds(LimitCeilings, **{name: st.none() | _value(name) for name in LIMIT_NAMES})
 profile_limits = st.builds(
     ExecutionLimits,
     **{
@@ -60,9 +60,7 @@ profiles = st.builds(
 policies = st.builds(
     TenantPolicy, limits=ceilings, allow_network=st.booleans(), minimum_level=levels
 )
-requests = st.builds(
-    ExecutionRequest, limits=ceilings, network=st.booleans(), minimum_level=levels
-)
+requests = st.builds(ExecutionRequest, limits=ceilings, network=st.booleans(), minimum_level=levels)
 capabilities = st.builds(
     BackendCapability,
     backend_id=st.just("subprocess"),
@@ -105,7 +103,8 @@ def test_no_stage_is_ever_widened(
         assert terms.network == request.network
     else:
         assert terms.refusal.kind in (
-            ErrorKind.ISOLATION_UNAVAILABLE, ErrorKind.NETWORK_NOT_ALLOWED
+            ErrorKind.ISOLATION_UNAVAILABLE,
+            ErrorKind.NETWORK_NOT_ALLOWED,
         )
 
 
@@ -177,9 +176,7 @@ def test_a_request_has_no_field_for_a_backend_client_credential_path_or_callable
 
 
 def test_timeout_is_a_request_that_only_narrows() -> None:
-    request = request_for(
-        ExecutionRequest(limits=LimitCeilings(wall_seconds=5.0)), None, 60.0
-    )
+    request = request_for(ExecutionRequest(limits=LimitCeilings(wall_seconds=5.0)), None, 60.0)
     assert request.limits.wall_seconds == 5.0
     assert request_for(None, "x", 2.0).limits.wall_seconds == 2.0
     for bad in (0, -1, float("nan"), float("inf"), True):
@@ -192,9 +189,7 @@ def test_timeout_is_a_request_that_only_narrows() -> None:
 def test_refusals_name_the_stage_and_the_deployment() -> None:
     capability = BackendCapability("subprocess", Level.PROCESS)
     profile = ProfileConfig(backend="subprocess")
-    terms = narrow(
-        capability, TenantPolicy(), ExecutionRequest(network=True), "default", profile
-    )
+    terms = narrow(capability, TenantPolicy(), ExecutionRequest(network=True), "default", profile)
     assert terms.refusal is not None
     assert terms.refusal.kind is ErrorKind.NETWORK_NOT_ALLOWED
     assert "profile 'default'" in terms.refusal.message
@@ -208,3 +203,28 @@ def test_refusals_name_the_stage_and_the_deployment() -> None:
     assert terms.refusal is not None
     assert terms.refusal.kind is ErrorKind.ISOLATION_UNAVAILABLE
     assert "deployment" in terms.refusal.message
+
+
+@pytest.mark.anyio
+async def test_a_profile_keeps_the_terms_of_a_request_it_saw_but_not_a_refusal() -> None:
+    async with Sandbox(config()) as sandbox:
+        loaded = await sandbox._load(PROFILE)
+        backend = BackendCapability.of(type(loaded.backend))
+
+        def direct(policy: TenantPolicy | None, request: ExecutionRequest) -> Any:
+            return narrow(backend, policy or TenantPolicy(), request, PROFILE, loaded.config)
+
+        plain = request_for(None, PROFILE, None)
+        kept = loaded.terms(None, plain)
+        assert kept == direct(None, plain)
+        # An equal request (made anew, as every run() makes one) finds the same terms.
+        assert loaded.terms(None, request_for(None, PROFILE, None)) is kept
+        # Another request, or another policy, has terms of its own.
+        shorter = request_for(None, PROFILE, 0.5)
+        assert loaded.terms(None, shorter) == direct(None, shorter) != kept
+        policy = TenantPolicy(limits=LimitCeilings(wall_seconds=0.25))
+        assert loaded.terms(policy, plain) == direct(policy, plain) != kept
+        # A refusal is made anew for every execution.
+        networked = ExecutionRequest(profile=PROFILE, network=True)
+        first, second = loaded.terms(None, networked), loaded.terms(None, networked)
+        assert first.refusal is not None and first == second and first is not second
