@@ -199,11 +199,14 @@ class ExecutionCgroup:
             self.dirs["pids" if self.host.version == 1 else "unified"], "cgroup.procs"
         )
 
-    async def drain(self, deadline_seconds: float = DRAIN_SECONDS) -> bool:
-        """SIGKILL everything still in the cgroup until it is empty; True once it is."""
+    async def drain(self, deadline_seconds: float = DRAIN_SECONDS, *, every: bool = True) -> bool:
+        """SIGKILL everything still in the cgroup until it is empty; True once it is.
+        ``every``: read every hierarchy's list (else the one :meth:`processes` reads, the
+        whole list where it can be read)."""
         deadline = time.monotonic() + deadline_seconds
         while True:
-            remaining = self.pids()
+            listed = None if every else self.processes()
+            remaining = self.pids() if listed is None else listed
             if not remaining:
                 return True
             for pid in remaining:
@@ -243,7 +246,9 @@ class ExecutionCgroup:
         are killed first, shielded); (None, None) when it could not be emptied, since usage
         is final only then."""
         with anyio.CancelScope(shield=True):
-            empty = await self.drain()
+            # One hierarchy's list: it is the whole list (see processes). The removal still
+            # reads every one if the kernel refuses to remove a directory (see remove).
+            empty = await self.drain(every=False)
         return self.usage() if empty else (None, None)
 
     def oom_killed(self) -> bool | None:
