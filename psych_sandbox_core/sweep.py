@@ -414,8 +414,7 @@ def _remove_owned_queues(fd: int, uids: Collection[int], failures: dict[int, OSE
 def shared_directories() -> list[str]:
     """The world-writable directories of this host the sweep looks through (real paths)."""
     found: dict[str, None] = {}
-    for candidate in (*SHARED_DIRECTORIES, tempfile.gettempdir()):
-        real = os.path.realpath(candidate)
+    for real in _resolved(tempfile.gettempdir()):
         try:
             info = os.stat(real)
         except OSError:
@@ -423,6 +422,14 @@ def shared_directories() -> list[str]:
         if stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH:
             found[real] = None
     return list(found)
+
+
+@lru_cache(maxsize=4)
+def _resolved(temp_directory: str) -> tuple[str, ...]:
+    """The real paths of SHARED_DIRECTORIES and ``temp_directory``, resolved once (the links
+    between system directories do not change under a running host; whether each is there
+    and world-writable is looked at every time)."""
+    return tuple(os.path.realpath(path) for path in (*SHARED_DIRECTORIES, temp_directory))
 
 
 def remove_shared_files(uids: Collection[int], failures: dict[int, OSError]) -> int:
