@@ -144,10 +144,12 @@ def test_trio_loop_thread_ends_at_close() -> None:
         assert sandbox.run("1 + 1", profile=PROFILE).return_value == 2
     assert not loop_thread.is_alive()
     assert descendants() - children == set()
-    # So are the wall clock's and the spawner's threads, which wait a while for more work.
+    # So are the wall clock's, the spawner's and the queue sweep's threads, which wait a
+    # while for more work.
     assert all(
         t.name.startswith("Trio thread")
-        or t.name in ("psych-sandbox-wall-clock", "psych-sandbox-spawner")
+        or t.name
+        in ("psych-sandbox-wall-clock", "psych-sandbox-spawner", "psych-sandbox-mqueue-sweep")
         for t in threading.enumerate()[1:]
     )
 
