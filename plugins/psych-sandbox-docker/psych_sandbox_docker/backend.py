@@ -636,6 +636,8 @@ class _Container(Launched):
         self.mechanisms = mechanisms
         self._memory_bytes = memory_bytes
         self._cgroup_name = cgroup_name
+        #: Where a kill gives the container the dying weight (engine.hasten).
+        self._dying_weight = [] if cgroup_name is None else eng.dying_weight_files(cgroup_name)
         self._id: str | None = None
         #: Whether a create request went out: the container may exist under its name even
         #: though its id never came back (the request cancelled while the engine answered).
@@ -775,6 +777,7 @@ class _Container(Launched):
         # At the deadline itself, whatever the event loop is doing.
         if self._init is not None:
             self._init.kill()
+            eng.hasten(self._dying_weight)
 
     async def terminate(self, grace_seconds: float) -> None:
         # Nothing in an untrusted container is worth a grace window: kill it whole.
@@ -788,8 +791,10 @@ class _Container(Launched):
             # The host's own kill, at once; the engine learns of the exit by itself, and its
             # removal at teardown follows after the result was handed back.
             self._init.kill()
+            eng.hasten(self._dying_weight)
             return
         await self._engine_kill()
+        eng.hasten(self._dying_weight)
 
     async def _engine_kill(self) -> None:
         # 404 (gone) and 409 (not running) both mean there is nothing left to kill.
