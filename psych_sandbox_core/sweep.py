@@ -327,12 +327,16 @@ class _QueueSweeper:
     def sweep(self, uids: Collection[int], failures: dict[int, OSError]) -> int:
         request = _QueueSweep(uids, failures)
         with self._lock:
-            self._sweeps.put(request)
             if self._thread is None:
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._run, name="psych-sandbox-mqueue-sweep", daemon=True
                 )
-                self._thread.start()
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # no thread to be had: the uid is not swept
+                    raise OSError(f"no thread to sweep message queues with: {exc}") from None
+                self._thread = thread
+            self._sweeps.put(request)
         request.done.wait()
         if isinstance(request.outcome, BaseException):
             raise request.outcome

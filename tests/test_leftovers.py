@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 import time
 from collections.abc import Iterator
 
@@ -163,6 +164,24 @@ def test_queues_are_swept_through_a_mount_the_host_never_sees(
     with open("/proc/self/mountinfo") as fh:
         assert fh.read() == mounts_before
     assert open_fds() == fds_before
+
+
+def test_a_queue_sweep_without_a_thread_keeps_the_uid_unswept(
+    one_uid: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No thread to be had (the host at its thread limit): the uid is reported unswept, so it
+    # stays leased, rather than the sweep raising something else or waiting for ever.
+    monkeypatch.setattr(sweep_module, "_queue_sweeper", sweep_module._QueueSweeper())
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", refused)
+        failures = sweep_module.sweep_together([sweep_module.Swept(one_uid, one_uid)])
+    assert "no thread to sweep message queues" in str(failures[one_uid])
+    # The next sweep, with threads to be had again, sweeps.
+    assert sweep_module.sweep_together([sweep_module.Swept(one_uid, one_uid)]) == {}
 
 
 def test_clearing_keyrings_of_a_uid_without_keys_does_nothing(one_uid: int) -> None:
