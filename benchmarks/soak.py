@@ -16,7 +16,10 @@ memory. Every count must be where it started, and memory may grow by at most --r
 after the first tenth of the executions (by then the Sandbox's own in-memory stores, which
 keep recent runs' outputs up to their caps, and the allocator's high-water mark are in place;
 CPython does not give freed memory back, so the count after closing stays there), or the
-script exits 1; so does any result of the wrong kind.
+script exits 1; so does any result of the wrong kind. The host process's own CPU per
+execution is printed for every tenth, and the first tenth's next to the last's: a cost that
+grows with the executions a Sandbox has served shows there (reported, not judged: the
+machine's load moves it too).
 
 Timeout accuracy: a timing-out program prints its own start (CLOCK_MONOTONIC, shared with
 the host; under gVisor, which keeps a monotonic clock of its own, CLOCK_REALTIME, which it
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import statistics
 import sys
 import time
@@ -208,18 +212,27 @@ async def soak(args: argparse.Namespace) -> int:
         #: (recent runs' outputs kept in memory, up to their caps) and the allocator's
         #: high-water mark are in place; growth after it is what executions leave.
         steady_rss: int | None = None
+        #: The host process's CPU per execution over each tenth: a cost that grows with the
+        #: executions served (a store scanned whole at every one) shows as a rising figure.
+        tenth = max(1, args.executions // 10)
+        cpu_at = host_cpu_seconds()
+        per_tenth: list[float] = []
 
         async def worker(kind: str) -> None:
-            nonlocal done, steady_rss
+            nonlocal done, steady_rss, cpu_at
             async with limiter:
                 outcomes.append(await one(sandbox, profile, kind, rng, tools, args.timeout_seconds))
             done += 1
-            if done % max(1, args.executions // 10) == 0:
+            if done % tenth == 0:
                 if steady_rss is None:
                     steady_rss = census.rss_bytes(os.getpid())
+                now = host_cpu_seconds()
+                per_tenth.append((now - cpu_at) / tenth)
+                cpu_at = now
                 print(
                     f"  {done}/{args.executions} in {time.monotonic() - started:.0f} s, rss "
-                    f"{census.rss_bytes(os.getpid()) / 2**20:.1f} MiB",
+                    f"{census.rss_bytes(os.getpid()) / 2**20:.1f} MiB, host CPU "
+                    f"{per_tenth[-1] * 1000:.1f} ms an execution over this tenth",
                     flush=True,
                 )
 
@@ -243,6 +256,11 @@ async def soak(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - started
     steady = steady_rss if steady_rss is not None else before["rss_bytes"]
     failed = report(args, backend, before, inside, after, outcomes, elapsed, floor, steady)
+    if len(per_tenth) >= 2:
+        print(
+            f"host CPU per execution: first tenth {per_tenth[0] * 1000:.1f} ms, last tenth "
+            f"{per_tenth[-1] * 1000:.1f} ms (the machine's load moves both)"
+        )
     lags.sort()
     print(
         f"host event-loop lag (a 10 ms timer, {len(lags)} samples): p50 "
@@ -250,6 +268,12 @@ async def soak(args: argparse.Namespace) -> int:
         f"ms, max {lags[-1] * 1000:.1f} ms"
     )
     return failed
+
+
+def host_cpu_seconds() -> float:
+    """CPU seconds this process has used so far (every thread), not its children's."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def report(
