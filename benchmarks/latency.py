@@ -16,7 +16,10 @@ For each available backend it prints:
   second started by as many callers at once, measured in the same run (the median of
   `--rounds` rounds of each, interleaved), with how many executions started cold (no
   prepared child could be had sooner), the CPU each execution cost the host process and its
-  children (against what one bare process costs), and the median latency under that load;
+  children (against what one bare process costs), the whole machine's busy CPU per execution
+  and per bare process (/proc/stat: what the host never reaped and the kernel's own threads
+  count there too; the share of the ceiling a machine bound by CPU alone would reach follows
+  from it), and the median latency under that load;
 - where a backend names one (`bare_command()`), the bare equivalent of its own start-up
   measured in the same run, and the cold execution's ratio to it: for a container engine
   `docker run --rm IMAGE python -I -c pass` of the same image and runtime (target: under
@@ -140,6 +143,8 @@ class Load:
     per_second: float
     host_cpu: float
     children_cpu: float
+    #: The whole machine's busy CPU (every process and the kernel's own threads) per item.
+    machine_cpu: float
     latencies: list[float]
 
 
@@ -154,6 +159,7 @@ async def under_load(work: Callable[[], Awaitable[object]], concurrency: int, co
             latencies.append(time.perf_counter() - started)
 
     host, children = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+    machine = _machine_busy()
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for _ in range(count):
@@ -163,8 +169,21 @@ async def under_load(work: Callable[[], Awaitable[object]], concurrency: int, co
         count / elapsed,
         (_cpu(resource.RUSAGE_SELF) - host) / count,
         (_cpu(resource.RUSAGE_CHILDREN) - children) / count,
+        (_machine_busy() - machine) / count,
         latencies,
     )
+
+
+def _machine_busy() -> float:
+    """CPU seconds the whole machine has been busy since boot (/proc/stat: every state but
+    idle and waiting for I/O), which counts what no rusage of this process does: processes it
+    never reaped, and kernel threads working for it (a namespace's or cgroup's teardown)."""
+    with open("/proc/stat") as fh:
+        fields = [int(value) for value in fh.readline().split()[1:]]
+    # user, nice, system, idle, iowait, irq, softirq: not steal (the hypervisor's, for
+    # others), nor guest time (counted in user time already).
+    idle = fields[3] + fields[4]
+    return (sum(fields[:7]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu(who: int) -> float:
@@ -264,12 +283,19 @@ async def measure(backend_id: str, runs: int, idle: float, concurrency: int, rou
         f"{(bare_host + bare_children) * 1e3:.1f} ms (host {bare_host * 1e3:.1f}, the process "
         f"{bare_children * 1e3:.1f}); median latency under this load {latency * 1e3:.1f} ms"
     )
+    machine = statistics.median(load.machine_cpu for load in loads)
+    bare_machine = statistics.median(load.machine_cpu for load in bare_loads)
+    print(
+        f"{backend_id}:              the whole machine's CPU per execution {machine * 1e3:.1f} "
+        f"ms; per bare process {bare_machine * 1e3:.1f} ms (/proc/stat: every process and "
+        "the kernel's own threads, whatever was reaped)"
+    )
     # On a machine the runs have to themselves, both rates are bound by CPU: this share
     # does not move with other work on the machine as the measured one does.
     print(
         f"{backend_id}:              bound by CPU alone, the sustained rate would be "
-        f"{(bare_host + bare_children) / (host + children):.0%} of the bare ceiling (the CPU of "
-        "one bare process over the CPU of one execution)"
+        f"{bare_machine / machine:.0%} of the bare ceiling (the machine's CPU for one bare "
+        "process over its CPU for one execution)"
     )
     if children < bare_children:
         # Less than a bare interpreter costs: part of each child was never reaped by us.
