@@ -791,9 +791,8 @@ class _Container(Launched):
             # The host's own kill, at once; the engine learns of the exit by itself, and its
             # removal at teardown follows after the result was handed back.
             self._init.kill()
-            eng.hasten(self._dying_weight)
-            return
-        await self._engine_kill()
+        else:
+            await self._engine_kill()
         eng.hasten(self._dying_weight)
 
     async def _engine_kill(self) -> None:
