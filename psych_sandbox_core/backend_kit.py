@@ -15,7 +15,9 @@ What is here:
 * starting the child: :func:`bootstrap_argv` (its command line, and :class:`PassedFds`, the
   descriptors it may add for the child), :class:`LateTerms` (the probe's targets and the
   cgroup's join files handed to a child once it is spawned), :func:`child_environment`
-  (its allow-listed environment), the channel listeners by transport, :func:`wait_started`
+  (its allow-listed environment), :class:`InitReport` (a pid namespace's init handed to the
+  host, which tears the namespace down by it), the channel listeners by transport,
+  :func:`wait_started`
   (the bootstrap reaching the channel raced against the launcher ending) and
   :func:`read_some` (a failed launcher's words);
 * running it: :class:`ManagedProcess` (a local child tree: spawn, wait on a pidfd, kill,
@@ -101,6 +103,7 @@ from .interpreter import (
 )
 from .late_terms import LateTerms
 from .phases import mark
+from .pid_namespace import InitReport
 from .probe_harness import ProbeHarness
 from .process import ExitStatus, ManagedProcess
 from .protocol import (
@@ -162,6 +165,7 @@ __all__ = [
     "Hierarchy",
     "IdentityRange",
     "InheritedSocketChannel",
+    "InitReport",
     "InterpreterNotFoundError",
     "InterpreterOptions",
     "LateTerms",

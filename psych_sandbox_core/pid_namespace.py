@@ -22,6 +22,14 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from .backend import BackendUnavailable
+from .process import ManagedProcess
+
+#: How long the bootstrap may take to start and report its namespace's init (the handshake's
+#: own bound: it is the first thing the bootstrap does).
+INIT_REPORT_SECONDS = 30.0
+#: How long teardown waits for a killed pid namespace to empty (its init exits last).
+NAMESPACE_TEARDOWN_SECONDS = 5.0
 #: Up to this many candidate processes are looked at on the event loop (see wait_empty).
 _LISTED_INLINE = 8
 #: The report is the init's pid in decimal (the descriptors travel beside it); the init's own,
@@ -178,6 +186,85 @@ class PidNamespace:
             if fd >= 0:
                 os.close(fd)
         self._handle = self._namespace = -1
+
+
+class InitReport:
+    """The socket on which a bootstrap run with ``pid-namespace=1`` (its children in a new pid
+    namespace) hands the host its namespace's init, and the teardown that uses it.
+
+    Without it the host knows only the outer bootstrap: a SIGKILL to the group may end that
+    process before the init, which then dies on its own time, after the host has called the
+    execution over. With it the host kills the namespace by the init's pidfd and waits for
+    the init's exit, which the kernel holds back until every member of the namespace is gone.
+
+    Make one before the spawn; add :attr:`arguments` to the command line and :attr:`child_fd`
+    to the descriptors passed; call :meth:`after_spawn` once spawned; ``await receive()``
+    before the handshake; ``await aclose(process)`` in the shielded teardown."""
+
+    def __init__(self) -> None:
+        self._host, self._child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        #: The namespace, once received (None where the bootstrap could give no pidfd).
+        self.namespace: PidNamespace | None = None
+
+    @property
+    def child_fd(self) -> int:
+        """The child's end: pass it to the spawn."""
+        return self._child.fileno()
+
+    @property
+    def arguments(self) -> list[str]:
+        """The bootstrap's arguments that ask for the init and its report."""
+        return ["pid-namespace=1", f"init-report={self.child_fd}"]
+
+    def after_spawn(self) -> None:
+        """Close the host's copy of the child's end (the child has its own)."""
+        self._child.close()
+
+    async def receive(self, seconds: float = INIT_REPORT_SECONDS) -> PidNamespace | None:
+        """The namespace the bootstrap reports, before any program of its exists; None where
+        it could give no pidfd (the host can then neither kill nor check the namespace, and
+        must not claim it does). A bootstrap silent for ``seconds`` is the backend's failure."""
+        try:
+            self.namespace = await PidNamespace.receive(self._host, seconds)
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"the bootstrap did not report its pid namespace within {seconds:g} s"
+            ) from None
+        return self.namespace
+
+    async def aclose(
+        self,
+        process: ManagedProcess | None,
+        candidates: Callable[[], set[int] | None] | None = None,
+    ) -> bool | None:
+        """Teardown: kill the namespace and the process group (:func:`kill_tree`), reap
+        ``process`` (its streams are still the caller's to close), wait until the namespace
+        is seen empty, and close the report. True once verified empty, False if not (see
+        :meth:`PidNamespace.wait_empty`, with ``candidates``), None where no namespace was
+        reported. Idempotent: a ``finish`` may call it, and teardown again."""
+        if process is not None:
+            await kill_tree(process, self.namespace)
+            await process.kill_and_reap()
+        emptied = None
+        if self.namespace is not None:
+            emptied = await self.namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS, candidates)
+            self.namespace.close()
+        self._host.close()
+        self._child.close()
+        return emptied
+
+
+async def kill_tree(process: ManagedProcess, namespace: PidNamespace | None) -> None:
+    """Kill everything of an execution whose outer bootstrap is ``process``. The namespace
+    first, by the init's pidfd: whatever the program did to its process group and sessions,
+    everything in the namespace dies with its init; the outer process exits once the init is
+    gone (it ignores the group's SIGTERM), so no init is orphaned, left for the system to reap.
+    Then SIGKILL to the group, for whatever is left."""
+    if namespace is not None:
+        namespace.kill()
+        with anyio.move_on_after(NAMESPACE_TEARDOWN_SECONDS):
+            await process.wait_exited()
+    process.signal_group(signal.SIGKILL)
 
 
 def _exit_report(message: bytes) -> ProgramEnd | None:

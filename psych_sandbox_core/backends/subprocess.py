@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -63,7 +61,13 @@ from ..backend_kit import (
 )
 
 # The one mechanism of this backend's own: a pid namespace whose init it holds by a pidfd.
-from ..pid_namespace import PidNamespace, ProgramEnd
+from ..pid_namespace import (
+    NAMESPACE_TEARDOWN_SECONDS,
+    InitReport,
+    PidNamespace,
+    ProgramEnd,
+    kill_tree,
+)
 
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
@@ -157,11 +161,7 @@ class SubprocessBackend(
         namespace: PidNamespace | None = None
         candidates: Callable[[], set[int] | None] | None = None
         # The bootstrap reports its namespace's init here (a pidfd, by SCM_RIGHTS).
-        report, report_child = (
-            socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            if self.namespaces & CLONE_NEWPID
-            else (None, None)
-        )
+        init = InitReport() if self.namespaces & CLONE_NEWPID else None
         # The compiled bootstrap's memory file, if it comes in one (closed once spawned).
         code_fds = PassedFds()
         # The probe's targets and the cgroup are made once the child is spawned, while its
@@ -174,9 +174,8 @@ class SubprocessBackend(
             if self.contain:
                 uid, gid = identity if identity is not None else ("", "")
                 argv.append(f"contain={self.namespaces}:{uid}:{gid}:{os.getpid()}")
-            if report_child is not None:
-                argv.append("pid-namespace=1")
-                argv.append(f"init-report={report_child.fileno()}")
+            if init is not None:
+                argv.extend(init.arguments)
             try:
                 process = await ManagedProcess.spawn(
                     argv,
@@ -186,7 +185,7 @@ class SubprocessBackend(
                         *channel.inherited_fds,
                         *code_fds,
                         late.child_fd,
-                        *([] if report_child is None else [report_child.fileno()]),
+                        *([] if init is None else [init.child_fd]),
                     ],
                     # No pre-exec step: the bootstrap contains itself first (see its
                     # _contain), so the host spawns with vfork.
@@ -197,8 +196,8 @@ class SubprocessBackend(
                 ) from exc
             finally:
                 late.after_spawn()
-                if report_child is not None:
-                    report_child.close()
+                if init is not None:
+                    init.after_spawn()
                 code_fds.close()
             channel.after_spawn()
             cgroup = await self.execution_cgroup()
@@ -209,22 +208,16 @@ class SubprocessBackend(
             finally:
                 if cgroup is not None:
                     cgroup.close_join_fds()
-            if report is not None:
+            if init is not None:
                 # Before the handshake, so before any program can exist: what the host holds
                 # was handed over by the bootstrap alone.
-                try:
-                    namespace = await PidNamespace.receive(report, INIT_REPORT_SECONDS)
-                    mark("namespace reported")
-                except TimeoutError:
-                    raise BackendUnavailable(
-                        f"the bootstrap did not report its pid namespace within "
-                        f"{INIT_REPORT_SECONDS:g} s"
-                    ) from None
+                namespace = await init.receive()
+                mark("namespace reported")
             mechanisms = self.mechanisms()
             if leased.exclusive:
                 # A leased uid is this execution's alone; a fixed drop_to_uid is every one's.
                 mechanisms = mechanisms.model_copy(update={"exclusive_identity": True})
-            if report is not None and namespace is None:
+            if init is not None and namespace is None:
                 # Not handed over (no pidfds there): the namespace still dies with the outer
                 # process, but the host cannot kill or check it itself.
                 mechanisms = mechanisms.model_copy(update={"process_tree_boundary": False})
@@ -241,16 +234,10 @@ class SubprocessBackend(
             with anyio.CancelScope(shield=True):
                 code_fds.close()  # not spawned: still the host's
                 late.close()  # not delivered: the child exits unstarted
+                if init is not None:
+                    await init.aclose(process, candidates)
                 if process is not None:
-                    await _kill(process, namespace)
                     await process.aclose()
-                if namespace is not None:
-                    await namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS, candidates)
-                    namespace.close()
-                if report is not None:
-                    report.close()
-                if report_child is not None:
-                    report_child.close()  # not spawned: still the host's
                 await channel.aclose()
                 if cgroup is not None:
                     # Stragglers in it (a daemon that left the group) are killed first. Its
@@ -261,13 +248,6 @@ class SubprocessBackend(
                 # In a worker thread: a program can leave hundreds of thousands of files, and
                 # the event loop serves every other execution's clock meanwhile.
                 await anyio.to_thread.run_sync(remove_tree, workspace)
-
-
-#: How long the bootstrap may take to start and report its namespace's init (the handshake's
-#: own bound: it is the first thing the bootstrap does).
-INIT_REPORT_SECONDS = 30.0
-#: How long teardown waits for a killed pid namespace to empty (its init exits last).
-NAMESPACE_TEARDOWN_SECONDS = 5.0
 
 
 class _Launched(ProcessLaunched[InheritedSocketChannel]):
@@ -307,7 +287,7 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
                 self._reported = namespace.program_end()
         if self._reported is None:
             # The grace window is over (or the init went without a report): kill it all.
-            await _kill(self.process, namespace)
+            await kill_tree(self.process, namespace)
 
     async def finish(self) -> ExitStatus:
         reaped: ExitStatus | None = None
@@ -315,7 +295,7 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
             # (Otherwise the program ended within its grace window, and the outer process is
             # reaped by the launch's teardown, once it has exited on its own: the init it
             # waits for is then never orphaned.)
-            await _kill(self.process, self._namespace)
+            await kill_tree(self.process, self._namespace)
             reaped = await self.process.kill_and_reap()
         ended: bool | None = None
         end: ProgramEnd | None = None
@@ -340,19 +320,6 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
         elif self.cgroup is not None:
             cpu, peak = await self.cgroup.final_usage()
         return replace(status, cpu_seconds=cpu, peak_memory_bytes=peak, tree_ended=ended)
-
-
-async def _kill(process: ManagedProcess, namespace: PidNamespace | None) -> None:
-    """Kill everything of the execution. The namespace first, by the init's pidfd: whatever the
-    program did to its process group and sessions, everything in the namespace dies with its
-    init; the outer process exits once the init is gone (it ignores the group's SIGTERM), so
-    no init is orphaned, left for the system to reap. Then SIGKILL to the group, for whatever
-    is left."""
-    if namespace is not None:
-        namespace.kill()
-        with anyio.move_on_after(NAMESPACE_TEARDOWN_SECONDS):
-            await process.wait_exited()
-    process.signal_group(signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- namespaces and identity
