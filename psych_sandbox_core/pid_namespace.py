@@ -131,10 +131,13 @@ class PidNamespace:
             pass  # already exited: the namespace went with it
 
     async def wait_empty(
-        self, seconds: float, candidates: Callable[[], set[int] | None] | None = None
+        self,
+        seconds: float | None = None,
+        candidates: Callable[[], set[int] | None] | None = None,
     ) -> bool:
         """Kill the namespace and wait until nothing is left in it; True once verified empty.
-        Idempotent. False if the init outlived ``seconds`` or a member is still listed: the
+        Idempotent. False if the init outlived ``seconds`` (NAMESPACE_TEARDOWN_SECONDS where
+        not given) or a member is still listed: the
         caller must then not treat the execution's identity as free (the uid sweep of
         identity.py kills what runs under it, and keeps a uid whose processes will not die).
 
@@ -147,7 +150,7 @@ class PidNamespace:
             return self.emptied
         self.kill()
         exited = False
-        with anyio.move_on_after(seconds):
+        with anyio.move_on_after(NAMESPACE_TEARDOWN_SECONDS if seconds is None else seconds):
             # The init exits last: the kernel has it wait until every other member is reaped.
             await anyio.wait_readable(self._handle)
             exited = True
@@ -247,7 +250,7 @@ class InitReport:
             await process.kill_and_reap()
         emptied = None
         if self.namespace is not None:
-            emptied = await self.namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS, candidates)
+            emptied = await self.namespace.wait_empty(candidates=candidates)
             self.namespace.close()
         self._host.close()
         self._child.close()

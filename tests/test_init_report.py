@@ -29,7 +29,7 @@ from psych_sandbox_core.backend_kit import (
     bootstrap_argv,
     bootstrap_source,
 )
-from psych_sandbox_core.pid_namespace import PidNamespace, members
+from psych_sandbox_core.pid_namespace import PidNamespace, _state_of, members
 from psych_sandbox_core.testing.host import wait_until
 
 pytestmark = [
@@ -44,17 +44,8 @@ PTRACE_SEIZE = 0x4206
 WALL = 0x40000000  # waitpid's __WALL: a tracee that is not our child
 
 
-def state(pid: int) -> str | None:
-    """The state letter of ``pid`` in the host's /proc, None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
-
-
 def alive(pid: int) -> bool:
-    return state(pid) not in (None, "Z", "X")
+    return _state_of(pid) not in (None, "Z", "X")
 
 
 def children(pid: int) -> list[int]:
@@ -122,7 +113,7 @@ async def test_teardown_returns_once_the_namespace_is_empty_and_not_before() -> 
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(teardown)
                 # Killed: its zombie waits for its tracer, and the dying init for it.
-                await wait_until(lambda: state(program) == "Z")
+                await wait_until(lambda: _state_of(program) == "Z")
                 assert alive(namespace.init_pid)
                 assert returned == [], "teardown returned with the namespace's init alive"
                 os.waitpid(program, WALL)
@@ -163,7 +154,7 @@ async def test_the_group_kill_alone_does_not_wait_for_the_init() -> None:
         program = await traced_program(namespace)
         try:
             await process.kill_and_reap()
-            await wait_until(lambda: state(program) == "Z")
+            await wait_until(lambda: _state_of(program) == "Z")
             assert alive(namespace.init_pid)
         finally:
             os.waitpid(program, WALL)

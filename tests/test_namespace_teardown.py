@@ -499,7 +499,7 @@ async def test_a_namespace_not_seen_empty_is_graded_so(monkeypatch: pytest.Monke
     (forced here by giving it no time at all to look) makes the process-tree guarantee
     unverified for that execution rather than enforced. The process level asks only that the
     guarantee not be unavailable, so the output still stands; nothing is left afterwards."""
-    from psych_sandbox_core.backends import subprocess as subprocess_backend
+    from psych_sandbox_core import pid_namespace
 
     mark = marker()
     program = f"print({split(mark)})\nreturn 7"
@@ -508,7 +508,7 @@ async def test_a_namespace_not_seen_empty_is_graded_so(monkeypatch: pytest.Monke
     sandbox = Sandbox(config())
     try:
         seen = await sandbox.run(program, profile=PROFILE)
-        monkeypatch.setattr(subprocess_backend, "NAMESPACE_TEARDOWN_SECONDS", 0.0)
+        monkeypatch.setattr(pid_namespace, "NAMESPACE_TEARDOWN_SECONDS", 0.0)
         unseen = await sandbox.run(program, profile=PROFILE)
     finally:
         await sandbox.aclose()

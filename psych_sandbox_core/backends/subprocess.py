@@ -61,13 +61,7 @@ from ..backend_kit import (
 )
 
 # The one mechanism of this backend's own: a pid namespace whose init it holds by a pidfd.
-from ..pid_namespace import (
-    NAMESPACE_TEARDOWN_SECONDS,
-    InitReport,
-    PidNamespace,
-    ProgramEnd,
-    kill_tree,
-)
+from ..pid_namespace import InitReport, PidNamespace, ProgramEnd, kill_tree
 
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
@@ -300,7 +294,7 @@ class _Launched(ProcessLaunched[InheritedSocketChannel]):
         ended: bool | None = None
         end: ProgramEnd | None = None
         if self._namespace is not None:
-            ended = await self._namespace.wait_empty(NAMESPACE_TEARDOWN_SECONDS, self._candidates)
+            ended = await self._namespace.wait_empty(candidates=self._candidates)
             end = self._namespace.program_end()
         # The program's own ending where its init reported it (the outer process mirrors its
         # status, but wait4 on it no longer counts the CPU of what the init reaped).
