@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from psych_sandbox_core.temp_dirs import make_owned_directory
+from psych_sandbox_core.kit.posix.temp_dirs import make_owned_directory
 from psych_sandbox_core.testing.as_user import remove_staged
 
 

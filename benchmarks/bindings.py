@@ -35,7 +35,7 @@ from functools import partial
 import anyio
 
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core._bindings.bindings import FunctionBindings
 
 WARM_CALLS = 200
 TARGET = 3.0

@@ -11,7 +11,7 @@ is the median of N runs of a fresh process; it prints:
   remembered (a trial execution first; a fresh state directory each time);
 - each ratio to `python -c pass` next to its target (`--help` under 3x, `run` under 6x);
 - what importing the package costs (`import psych_sandbox_core`, and the modules `run`
-  needs, `import psych_sandbox_core.sandbox`), minus the floor, and what importing the core's
+  needs, `import psych_sandbox_core._api.sandbox`), minus the floor, and what importing the core's
   required runtime libraries alone costs (anyio, pluggy, pydantic with `BaseModel`): the part
   of `run` that no change inside the core can take off its path;
 - beside each, the CPU time the command and its children used (user + system), which other
@@ -70,11 +70,11 @@ for name in ("pydantic", "pydantic_core", "anyio", "anyio._backends._asyncio", "
 marks["libraries"] = now()
 # What the command imports before it runs anything (cli._execute's imports).
 import psych_sandbox_core.cli
-from psych_sandbox_core.blobstore import FilesystemBlobStore
-from psych_sandbox_core.cli_render import LiveOutput, print_summary
-from psych_sandbox_core.sandbox import Sandbox
-from psych_sandbox_core.selection_cache import SelectionCache
-from psych_sandbox_core.visible import visible
+from psych_sandbox_core._output.blobstore import FilesystemBlobStore
+from psych_sandbox_core.cli.render import LiveOutput, print_summary
+from psych_sandbox_core._api.sandbox import Sandbox
+from psych_sandbox_core._policy.selection_cache import SelectionCache
+from psych_sandbox_core.cli.visible import visible
 marks["core modules"] = now()
 import anyio, tempfile
 
@@ -164,8 +164,8 @@ def main() -> None:
             "python -I -c pass": ([python, "-I", "-c", "pass"], lambda: env),
             "import psych_sandbox_core": ([python, "-c", "import psych_sandbox_core"], lambda: env),
             REQUIRED: ([python, "-c", REQUIRED_IMPORTS], lambda: env),
-            "import psych_sandbox_core.sandbox": (
-                [python, "-c", "import psych_sandbox_core.sandbox"],
+            "import psych_sandbox_core._api.sandbox": (
+                [python, "-c", "import psych_sandbox_core._api.sandbox"],
                 lambda: env,
             ),
             "--help": ([*cli, "--help"], lambda: env),
@@ -214,7 +214,7 @@ def main() -> None:
     floor, floor_cpu = median["python -c pass"], cpu["python -c pass"]
     print(f"floor `{python} -c pass`     median {floor * 1e3:7.2f} ms (cpu {floor_cpu * 1e3:.1f})")
     print(f"floor `python -I -c pass`   median {median['python -I -c pass'] * 1e3:7.2f} ms")
-    for name in ("import psych_sandbox_core", "import psych_sandbox_core.sandbox", REQUIRED):
+    for name in ("import psych_sandbox_core", "import psych_sandbox_core._api.sandbox", REQUIRED):
         cost = median[name] - floor
         print(
             f"{name:<35} {cost * 1e3:7.2f} ms above the floor ({median[name] / floor:5.2f}x; "

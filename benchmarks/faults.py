@@ -28,9 +28,9 @@ from collections import Counter
 
 import anyio
 
-from psych_sandbox_core.identity import IdentityRange
-from psych_sandbox_core.runlog import SQLiteRunLog
-from psych_sandbox_core.sweep import sweep
+from psych_sandbox_core._bindings.runlog import SQLiteRunLog
+from psych_sandbox_core.kit.posix.identity import IdentityRange
+from psych_sandbox_core.kit.posix.sweep import sweep
 from psych_sandbox_core.testing import census, faults
 
 

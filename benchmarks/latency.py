@@ -32,7 +32,7 @@ For each available backend it prints:
   running asyncio itself (`python -I -c "import asyncio; asyncio.run(...)"`), the part of a
   cold awaiting execution no sandbox can take off its path;
 - where a cold execution's time goes: the median time between consecutive points the host
-  reached (psych_sandbox_core.phases: timestamps taken in the host as it reaches each point,
+  reached (psych_sandbox_core.kit.phases: timestamps taken in the host as it reaches each point,
   not estimates), how much of what the caller waits for comes after the child's result
   frame, and the teardown that finishes after the result was handed back.
 
@@ -58,9 +58,9 @@ from dataclasses import dataclass
 import anyio
 
 from psych_sandbox_core import DeploymentConfig, FunctionBindings, ProfileConfig, Sandbox
-from psych_sandbox_core.phases import Marks, recording
-from psych_sandbox_core.registry import BackendRegistry
-from psych_sandbox_core.trials import trial
+from psych_sandbox_core._policy.registry import BackendRegistry
+from psych_sandbox_core._policy.trials import trial
+from psych_sandbox_core.kit.phases import Marks, recording
 
 PROGRAM = "print(2+2)"
 #: Programs compared with PROGRAM: each prints 4 too.

@@ -90,8 +90,10 @@ def main() -> None:
     def growth(sample: dict[str, object]) -> int:
         return int(sample["after"]) - int(sample["before"])  # type: ignore[call-overload]
 
-    print(f"flood: {int(flood['total']) / mib:.0f} MiB written, "  # type: ignore[call-overload]
-          f"{flood['captured']} bytes captured, {flood['wall']} s, error={flood['error']}")
+    print(
+        f"flood: {int(flood['total']) / mib:.0f} MiB written, "  # type: ignore[call-overload]
+        f"{flood['captured']} bytes captured, {flood['wall']} s, error={flood['error']}"
+    )
     print(f"capture cap:                  {cap / 1024:.0f} KiB")
     print(f"peak RSS before the flood:    {int(flood['before']) / mib:.1f} MiB")  # type: ignore[call-overload]
     print(f"peak RSS after the flood:     {int(flood['after']) / mib:.1f} MiB")  # type: ignore[call-overload]

@@ -31,7 +31,7 @@ from pathlib import Path
 import anyio
 
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core._bindings.bindings import FunctionBindings
 
 LIMITS = ExecutionLimits(cpu_seconds=10, wall_seconds=60.0, grace_seconds=0.5)
 TOKEN_ENV = "PSYCH_BENCH_REMOTE_TOKEN"

@@ -54,7 +54,7 @@ from typing import Any
 import anyio
 
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core._bindings.bindings import FunctionBindings
 from psych_sandbox_core.testing import census
 
 #: Executions per profile when --executions is not given (the issue's numbers).

@@ -15,8 +15,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .attachments import AttachmentDenied
-    from .bindings import (
+    from ._api.provider_shapes import (
+        anthropic_tool_result,
+        gemini_code_execution_result,
+        shell_call_output,
+    )
+    from ._api.sandbox import Sandbox
+    from ._api.sync_sandbox import Cancellation, SyncSandbox
+    from ._bindings.bindings import (
         BindingProvider,
         CallErrorKind,
         FunctionBindings,
@@ -24,9 +30,16 @@ if TYPE_CHECKING:
         ToolSpec,
         load_function_tools,
     )
-    from .blobstore import BlobAddress, BlobStore, FilesystemBlobStore
+    from ._bindings.catalogue import describe_tools, spec_from_function
+    from ._bindings.runlog import MemoryRunLog, RunLog, SQLiteRunLog
+    from ._engine.pool import WarmStatus
+    from ._output.attachments import AttachmentDenied
+    from ._output.blobstore import BlobAddress, BlobStore, FilesystemBlobStore
+    from ._output.capture import OutputPolicy
+    from ._output.streaming import OutputChunk
+    from ._policy.narrowing import ExecutionRequest, TenantPolicy
+    from ._policy.profiles import DeploymentConfig, ProfileConfig
     from .budgets import BindingBudgets
-    from .catalogue import describe_tools, spec_from_function
     from .errors import (
         ConfigurationError,
         ErrorKind,
@@ -38,20 +51,7 @@ if TYPE_CHECKING:
         UnknownProfileError,
     )
     from .grading import Grade, Guarantee, Level, level_of
-    from .narrowing import ExecutionRequest, TenantPolicy
-    from .output import OutputPolicy
-    from .pool import WarmStatus
-    from .profiles import DeploymentConfig, ProfileConfig
-    from .provider_shapes import (
-        anthropic_tool_result,
-        gemini_code_execution_result,
-        shell_call_output,
-    )
     from .result import Attachment, ExecutionFailure, ExecutionNote, ExecutionResult
-    from .runlog import MemoryRunLog, RunLog, SQLiteRunLog
-    from .sandbox import Sandbox
-    from .streaming import OutputChunk
-    from .sync_sandbox import Cancellation, SyncSandbox
     from .terms import ExecutionLimits
 
 #: The one place the core's version is written; the distribution's metadata reads it from here.
@@ -60,19 +60,19 @@ __version__ = "0.1.0"
 #: Each public name and the submodule that defines it.
 _PUBLIC = {
     "Attachment": "result",
-    "AttachmentDenied": "attachments",
-    "BindingProvider": "bindings",
-    "CallErrorKind": "bindings",
-    "FunctionBindings": "bindings",
-    "ToolCallError": "bindings",
-    "ToolSpec": "bindings",
-    "load_function_tools": "bindings",
-    "BlobAddress": "blobstore",
-    "BlobStore": "blobstore",
-    "FilesystemBlobStore": "blobstore",
+    "AttachmentDenied": "_output.attachments",
+    "BindingProvider": "_bindings.bindings",
+    "CallErrorKind": "_bindings.bindings",
+    "FunctionBindings": "_bindings.bindings",
+    "ToolCallError": "_bindings.bindings",
+    "ToolSpec": "_bindings.bindings",
+    "load_function_tools": "_bindings.bindings",
+    "BlobAddress": "_output.blobstore",
+    "BlobStore": "_output.blobstore",
+    "FilesystemBlobStore": "_output.blobstore",
     "BindingBudgets": "budgets",
-    "describe_tools": "catalogue",
-    "spec_from_function": "catalogue",
+    "describe_tools": "_bindings.catalogue",
+    "spec_from_function": "_bindings.catalogue",
     "ConfigurationError": "errors",
     "ErrorKind": "errors",
     "InterpreterNotFoundError": "errors",
@@ -85,26 +85,26 @@ _PUBLIC = {
     "Guarantee": "grading",
     "Level": "grading",
     "level_of": "grading",
-    "ExecutionRequest": "narrowing",
-    "TenantPolicy": "narrowing",
-    "OutputPolicy": "output",
-    "DeploymentConfig": "profiles",
-    "ProfileConfig": "profiles",
-    "anthropic_tool_result": "provider_shapes",
-    "gemini_code_execution_result": "provider_shapes",
-    "shell_call_output": "provider_shapes",
+    "ExecutionRequest": "_policy.narrowing",
+    "TenantPolicy": "_policy.narrowing",
+    "OutputPolicy": "_output.capture",
+    "DeploymentConfig": "_policy.profiles",
+    "ProfileConfig": "_policy.profiles",
+    "anthropic_tool_result": "_api.provider_shapes",
+    "gemini_code_execution_result": "_api.provider_shapes",
+    "shell_call_output": "_api.provider_shapes",
     "ExecutionFailure": "result",
     "ExecutionNote": "result",
     "ExecutionResult": "result",
-    "MemoryRunLog": "runlog",
-    "RunLog": "runlog",
-    "SQLiteRunLog": "runlog",
-    "Sandbox": "sandbox",
-    "OutputChunk": "streaming",
-    "Cancellation": "sync_sandbox",
-    "SyncSandbox": "sync_sandbox",
+    "MemoryRunLog": "_bindings.runlog",
+    "RunLog": "_bindings.runlog",
+    "SQLiteRunLog": "_bindings.runlog",
+    "Sandbox": "_api.sandbox",
+    "OutputChunk": "_output.streaming",
+    "Cancellation": "_api.sync_sandbox",
+    "SyncSandbox": "_api.sync_sandbox",
     "ExecutionLimits": "terms",
-    "WarmStatus": "pool",
+    "WarmStatus": "_engine.pool",
 }
 
 __all__ = [

@@ -269,20 +269,23 @@ def grade(
     if mechanisms.cpu_limit_outside:
         grades[Guarantee.CPU] = outside
     else:
-        grades[Guarantee.CPU] = rlimit if _limit(report, "CPU") is not None else (
-            Grade.UNAVAILABLE
-        )
+        grades[Guarantee.CPU] = rlimit if _limit(report, "CPU") is not None else (Grade.UNAVAILABLE)
     memory = outside if mechanisms.memory_cgroup else rlimit
-    grades[Guarantee.MEMORY] = memory if mechanisms.memory_cgroup or (
-        mechanisms.address_space_rlimit and _limit(report, "AS") is not None
-    ) else Grade.UNAVAILABLE
-    grades[Guarantee.FILE_SIZE] = rlimit if _limit(report, "FSIZE") is not None else (
-        Grade.UNAVAILABLE
+    grades[Guarantee.MEMORY] = (
+        memory
+        if mechanisms.memory_cgroup
+        or (mechanisms.address_space_rlimit and _limit(report, "AS") is not None)
+        else Grade.UNAVAILABLE
+    )
+    grades[Guarantee.FILE_SIZE] = (
+        rlimit if _limit(report, "FSIZE") is not None else (Grade.UNAVAILABLE)
     )
     pids = outside if mechanisms.pids_cgroup else rlimit
-    grades[Guarantee.PROCESS_COUNT] = pids if (
-        mechanisms.pids_cgroup or _limit(report, "NPROC") is not None
-    ) else Grade.UNAVAILABLE
+    grades[Guarantee.PROCESS_COUNT] = (
+        pids
+        if (mechanisms.pids_cgroup or _limit(report, "NPROC") is not None)
+        else Grade.UNAVAILABLE
+    )
 
     # A program that can stop its supervisor can stop the clock that was to kill it.
     if not mechanisms.wall_clock:

@@ -37,9 +37,9 @@ from typing import Any
 
 import anyio
 
-from .bindings import BindingProvider, CallErrorKind, ToolCallError, ToolSpec
+from ._bindings.bindings import BindingProvider, CallErrorKind, ToolCallError, ToolSpec
+from ._policy.mcp_settings import HttpUpstream, McpSettings, StdioUpstream
 from .errors import ConfigurationError
-from .mcp_settings import HttpUpstream, McpSettings, StdioUpstream
 from .protocol.limits import MAX_TOOL_NAME_CHARS, MAX_TOOLS
 
 try:

@@ -32,15 +32,15 @@ from typing import Any, Literal, cast
 
 import anyio
 
-from .attachments import DEFAULT_WINDOW_BYTES, MAX_WINDOW_BYTES, AttachmentDenied
-from .blobstore import BlobAddress, BlobStore, FilesystemBlobStore
-from .catalogue import tool_line
-from .config import ConfigSource
+from ._api.provider_shapes import cut_text
+from ._api.sandbox import Sandbox
+from ._bindings.catalogue import tool_line
+from ._output.attachments import DEFAULT_WINDOW_BYTES, MAX_WINDOW_BYTES, AttachmentDenied
+from ._output.blobstore import BlobAddress, BlobStore, FilesystemBlobStore
+from ._policy.config import ConfigSource
 from .errors import ConfigurationError
 from .mcp_bindings import BINARY_HANDLE_PREFIX, McpBindings, connect_upstreams
-from .provider_shapes import cut_text
 from .result import ExecutionResult
-from .sandbox import Sandbox
 
 try:
     import mcp_types

@@ -14,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .bindings import BindingProvider
-from .catalogue import tool_line
+from ._api.provider_shapes import DEFAULT_MAX_CHARS, report_text
+from ._api.sandbox import Sandbox
+from ._bindings.bindings import BindingProvider
+from ._bindings.catalogue import tool_line
 from .errors import ConfigurationError
-from .provider_shapes import DEFAULT_MAX_CHARS, report_text
-from .sandbox import Sandbox
 
 try:
     from pydantic_ai import RunContext, Tool

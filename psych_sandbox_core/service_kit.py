@@ -8,10 +8,11 @@ plugin registry. It follows the backend kit's compatibility policy (see backend_
 
 from __future__ import annotations
 
-from .config import create_backend, describe_errors, resolve_config
-from .profiles import DeploymentConfig, ProfileConfig
-from .registry import BackendRegistry
-from .trials import availability
+from ._policy.config import create_backend, resolve_config
+from ._policy.profiles import DeploymentConfig, ProfileConfig
+from ._policy.registry import BackendRegistry
+from ._policy.settings_errors import describe_errors
+from ._policy.trials import availability
 
 __all__ = [
     "BackendRegistry",

@@ -22,12 +22,12 @@ from typing import Any
 
 import anyio
 
-from .bindings import BindingProvider, ToolCallError
-from .catalogue import ToolSpec
+from ._api.provider_shapes import DEFAULT_MAX_CHARS
+from ._api.sandbox import given_variables
+from ._api.sync_sandbox import SyncSandbox
+from ._bindings.bindings import BindingProvider, ToolCallError
+from ._bindings.catalogue import ToolSpec
 from .errors import ConfigurationError
-from .provider_shapes import DEFAULT_MAX_CHARS
-from .sandbox import given_variables
-from .sync_sandbox import SyncSandbox
 
 try:
     from smolagents.local_python_executor import CodeOutput, PythonExecutor

@@ -78,3 +78,36 @@ def core_imports(path: Path, module: str) -> list[tuple[int, str]]:
             if target.split(".")[0] == CORE and target != module
         )
     return sorted(found)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module to the core modules it imports (type-only imports aside)."""
+    modules = core_modules()
+    return {
+        module: {target for _, target in core_imports(path, module) if target in modules}
+        for module, path in modules.items()
+    }
+
+
+def room_of(module: str) -> str:
+    """The top-level module or folder of the package that ``module`` lives in."""
+    return ".".join(module.split(".")[:2])
+
+
+def rooms() -> dict[str, set[str]]:
+    """The import graph between the package's top-level modules and folders (its rooms): the
+    picture a structure tool draws of the tree. The package's own ``__init__`` re-exports
+    lazily and is left out, as is the kit's lazy re-export of the subprocess backend."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        if module == CORE:
+            continue
+        room = room_of(module)
+        graph.setdefault(room, set())
+        for target in targets:
+            if target == CORE or room_of(target) == room:
+                continue
+            if module == f"{CORE}.kit" and target == f"{CORE}.backends.subprocess":
+                continue
+            graph[room].add(room_of(target))
+    return graph

@@ -26,7 +26,7 @@ def test_embedding_guide_example_runs_and_matches_its_claimed_output() -> None:
 
 
 def test_readme_configuration_example_loads(tmp_path: Path) -> None:
-    from psych_sandbox_core.config import resolve_config
+    from psych_sandbox_core._policy.config import resolve_config
     from psych_sandbox_core.grading import Level
 
     readme = (DOCS.parent / "README.md").read_text()
@@ -43,8 +43,8 @@ def test_readme_configuration_example_loads(tmp_path: Path) -> None:
 
 def test_libraries_guide_examples_name_real_options(tmp_path: Path) -> None:
     # Each configuration example loads, and names options its backend really has.
-    from psych_sandbox_core.config import resolve_config
-    from psych_sandbox_core.registry import BackendRegistry
+    from psych_sandbox_core._policy.config import resolve_config
+    from psych_sandbox_core._policy.registry import BackendRegistry
 
     text = (DOCS / "libraries.md").read_text()
     examples = re.findall(r"```toml\n(.*?)```", text, flags=re.S)

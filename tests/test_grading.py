@@ -70,9 +70,10 @@ def test_an_unreadable_canary_without_a_boundary_earns_only_unverified() -> None
     # No mechanism at all: an unreadable canary proves nothing.
     assert grade(Mechanisms(), report(), host_uid=0)[Guarantee.FILESYSTEM] is Grade.UNAVAILABLE
     # A boundary without a canary to check is requested, not proved.
-    assert grade(BOUNDARY, report(canary_readable=None), host_uid=0)[
-        Guarantee.FILESYSTEM
-    ] is Grade.UNVERIFIED
+    assert (
+        grade(BOUNDARY, report(canary_readable=None), host_uid=0)[Guarantee.FILESYSTEM]
+        is Grade.UNVERIFIED
+    )
 
 
 @pytest.mark.parametrize(
@@ -91,9 +92,9 @@ def test_network_exposure_on_either_family_or_an_interface_wins(network: Any) ->
 
 def test_an_unprobed_family_earns_only_unverified() -> None:
     network = {"ipv4": "unreachable", "ipv6": "skipped", "interfaces_up": []}
-    assert grade(BOUNDARY, report(network=network), host_uid=0)[
-        Guarantee.NETWORK
-    ] is Grade.UNVERIFIED
+    assert (
+        grade(BOUNDARY, report(network=network), host_uid=0)[Guarantee.NETWORK] is Grade.UNVERIFIED
+    )
 
 
 def test_identity_evidence() -> None:
@@ -222,9 +223,7 @@ def test_caps_held_from_outside_are_enforced_unless_their_holder_is_reachable() 
     # A tree boundary whose holder is reachable is still more than nothing.
     assert reachable[Guarantee.PROCESS_TREE] is Grade.UNVERIFIED
     # Without the CPU cap from outside and without an rlimit, CPU is not capped at all.
-    no_cpu = grade(
-        outside.model_copy(update={"cpu_limit_outside": False}), no_rlimits, host_uid=0
-    )
+    no_cpu = grade(outside.model_copy(update={"cpu_limit_outside": False}), no_rlimits, host_uid=0)
     assert no_cpu[Guarantee.CPU] is Grade.UNAVAILABLE
     assert level_of(no_cpu) is Level.NONE
 

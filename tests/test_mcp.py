@@ -22,18 +22,13 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core.bindings import BindingProvider, ToolSpec
-from psych_sandbox_core.config import parse_config
+from psych_sandbox_core._bindings.bindings import BindingProvider, ToolSpec
+from psych_sandbox_core._policy.config import parse_config
+from psych_sandbox_core._policy.mcp_settings import McpSettings
+from psych_sandbox_core._policy.profiles import DeploymentConfig
 from psych_sandbox_core.errors import ConfigurationError
 from psych_sandbox_core.mcp_bindings import McpBindings, connect_upstreams
-from psych_sandbox_core.mcp_settings import McpSettings
-from psych_sandbox_core.profiles import DeploymentConfig
-from psych_sandbox_core.testing.host import (
-    marker,
-    pids_with,
-    wait_for_pids,
-    wait_until,
-)
+from psych_sandbox_core.testing.host import marker, pids_with, wait_for_pids, wait_until
 
 #: Each test starts real servers (Node.js, Python interpreters importing the SDK, the
 #: sandbox's children); on a loaded two-core machine that is slow, never stuck.
@@ -642,7 +637,7 @@ async def test_the_server_keeps_output_of_its_latest_runs_only(tmp_path: Path) -
 
 
 def test_the_listing_names_a_tool_as_the_program_calls_it() -> None:
-    from psych_sandbox_core.catalogue import tool_line
+    from psych_sandbox_core._bindings.catalogue import tool_line
 
     schema = {
         "type": "object",
@@ -736,7 +731,7 @@ async def test_a_signal_to_the_server_tears_down_a_running_program_and_the_upstr
 def test_result_conversion_edges() -> None:
     import base64
 
-    from psych_sandbox_core.bindings import ToolCallError
+    from psych_sandbox_core._bindings.bindings import ToolCallError
     from psych_sandbox_core.mcp_bindings import BinaryKeeper, convert_result
 
     def text(*texts: str, **fields: Any) -> mcp_types.CallToolResult:

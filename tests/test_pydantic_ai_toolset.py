@@ -21,7 +21,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from psych_sandbox_core import DeploymentConfig, ProfileConfig, Sandbox
-from psych_sandbox_core.bindings import BindingProvider, ToolSpec
+from psych_sandbox_core._bindings.bindings import BindingProvider, ToolSpec
 from psych_sandbox_core.pydantic_ai_toolset import sandbox_toolset
 
 pytestmark = pytest.mark.anyio

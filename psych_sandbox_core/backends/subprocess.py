@@ -32,7 +32,7 @@ from typing import Annotated
 import anyio
 from pydantic import Field
 
-from ..backend_kit import (
+from ..kit import (
     SYSTEM_CANDIDATES,
     BackendRegistrar,
     BackendUnavailable,
@@ -61,7 +61,7 @@ from ..backend_kit import (
 )
 
 # The one mechanism of this backend's own: a pid namespace whose init it holds by a pidfd.
-from ..pid_namespace import InitReport, PidNamespace, ProgramEnd, kill_tree
+from ..kit.posix.pid_namespace import InitReport, PidNamespace, ProgramEnd, kill_tree
 
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000

@@ -150,9 +150,22 @@ class ArtifactFrame(Frame):
 
 
 SkipReason = Literal[
-    "symlink", "hard_link", "fifo", "socket", "device", "not_regular", "too_large",
-    "total_cap", "too_many", "too_deep", "changed", "vanished", "other_filesystem",
-    "unsafe_name", "unreadable", "entry_limit",
+    "symlink",
+    "hard_link",
+    "fifo",
+    "socket",
+    "device",
+    "not_regular",
+    "too_large",
+    "total_cap",
+    "too_many",
+    "too_deep",
+    "changed",
+    "vanished",
+    "other_filesystem",
+    "unsafe_name",
+    "unreadable",
+    "entry_limit",
 ]
 
 

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .. import cgroups, temp_dirs
-from ..identity import _lock_directory
+from ..kit.posix import cgroups, temp_dirs
+from ..kit.posix.identity import _lock_directory
 from .host import _descends_from, cgroup_directories, cgroup_pids, host_processes
 
 #: Mount points that are a container engine's own (a container's root file system, its

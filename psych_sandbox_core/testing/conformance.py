@@ -49,17 +49,17 @@ except ImportError as exc:  # pragma: no cover - only without the test extra
         "psych_sandbox_core.testing.conformance needs pytest: install psych-sandbox-core[test]"
     ) from exc
 
-from ..bindings import BindingProvider, FunctionBindings
+from .._api.sandbox import Sandbox
+from .._bindings.bindings import BindingProvider, FunctionBindings
+from .._output.capture import OutputPolicy
+from .._policy.profiles import DeploymentConfig, ProfileConfig
+from .._policy.registry import BackendRegistry
 from ..errors import ErrorKind, InvalidRequestError
 from ..grading import Guarantee
-from ..identity import LeasedIdentityOptions
-from ..output import OutputPolicy
-from ..phases import recording
-from ..profiles import DeploymentConfig, ProfileConfig
-from ..registry import BackendRegistry
+from ..kit.phases import recording
+from ..kit.posix.identity import LeasedIdentityOptions
+from ..kit.posix.sweep import has_keys
 from ..result import ExecutionResult, SkippedEntry
-from ..sandbox import Sandbox
-from ..sweep import has_keys
 from ..terms import ExecutionLimits
 from .host import (
     HostBaseline,
@@ -73,13 +73,7 @@ from .host import (
     uids_of,
     wait_for_pids,
 )
-from .leftovers import (
-    finding_program,
-    host_leftovers,
-    host_targets,
-    own_uid,
-    planting_program,
-)
+from .leftovers import finding_program, host_leftovers, host_targets, own_uid, planting_program
 from .programs import PLANTED_ARTIFACTS, SECRET_SPY, check_planted_artifacts, secret_holder
 
 #: A daemon that escapes the program's session and ignores SIGTERM: started, and known to be

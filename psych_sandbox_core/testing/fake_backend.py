@@ -1,9 +1,9 @@
 """A test double of the launch contract: a backend whose child is a coroutine.
 
-:class:`FakeBackend` launches :class:`FakeLaunched`, a :class:`~psych_sandbox_core.backend.
+:class:`FakeBackend` launches :class:`FakeLaunched`, a :class:`~psych_sandbox_core.kit.backend.
 Launched` whose "child" is a script (``async def script(child: ScriptedChild)``) running in
 the launch's own task group. The script speaks frames over an in-memory channel (the host
-reads it through the same :class:`~psych_sandbox_core.channel.FrameChannel` and ceilings as a
+reads it through the same :class:`~psych_sandbox_core.kit.channel.FrameChannel` and ceilings as a
 real child's), writes to in-memory stdout and stderr, and "exits" when it returns, with the
 status it set; ``terminate`` and ``finish`` cancel it, as a signal would end a process.
 
@@ -29,16 +29,10 @@ import anyio
 from anyio.abc import ByteStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ..backend import (
-    Backend,
-    BackendOptions,
-    BackendUnavailable,
-    Launched,
-    LaunchRequest,
-)
-from ..channel import ChannelListener
 from ..grading import Level, Mechanisms
-from ..process import ExitStatus
+from ..kit.backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
+from ..kit.channel import ChannelListener
+from ..kit.posix.process import ExitStatus
 from ..protocol import (
     PROTOCOL_VERSION,
     ContainmentReport,

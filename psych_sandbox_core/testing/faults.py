@@ -163,9 +163,9 @@ def _stop_here(point: str) -> None:
 
 def _install(point: str) -> dict[str, Any]:
     """Hook the host at ``point``; the bindings the program calls."""
-    from .. import conversation, driver
-    from ..artifact_channel import ChannelCollector
-    from ..identity import IdentityLease
+    from .._engine import conversation, driver
+    from .._output.artifact_channel import ChannelCollector
+    from ..kit.posix.identity import IdentityLease
 
     def spend() -> None:
         return None
@@ -225,9 +225,9 @@ def _host(
     import anyio
 
     from .. import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-    from ..bindings import FunctionBindings
+    from .._bindings.bindings import FunctionBindings
+    from .._bindings.runlog import SQLiteRunLog
     from ..budgets import BindingBudgets
-    from ..runlog import SQLiteRunLog
 
     tools = _install(points[0]) if role == "host" else {"spend": lambda: None}
     config = DeploymentConfig(
@@ -275,8 +275,8 @@ def _zygote(backend: str, options_json: str, run_log: str, points_text: str) -> 
     hosts, fork the restarted one and wait for it."""
     # Everything a host needs, imported before the forks (no thread runs yet).
     from .. import Sandbox  # noqa: F401
-    from ..bindings import FunctionBindings  # noqa: F401
-    from ..runlog import SQLiteRunLog  # noqa: F401
+    from .._bindings.bindings import FunctionBindings  # noqa: F401
+    from .._bindings.runlog import SQLiteRunLog  # noqa: F401
 
     options = json.loads(options_json)
     points = points_text.split(",")

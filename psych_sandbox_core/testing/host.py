@@ -18,9 +18,9 @@ from typing import TypeVar
 
 import anyio
 
-from .. import cgroupfs, cgroups
 from ..errors import ConfigurationError
-from ..identity import IdentityExhausted, IdentityLease, IdentityRange
+from ..kit.posix import cgroupfs, cgroups
+from ..kit.posix.identity import IdentityExhausted, IdentityLease, IdentityRange
 
 T = TypeVar("T")
 
@@ -172,7 +172,7 @@ def private_tempdir(prefix: str = "psych-test-tmp-") -> Iterator[str]:
     leaves behind shows there and nowhere else; removed (without following links) after."""
     import tempfile
 
-    from ..workspace import remove_tree
+    from ..kit.posix.removal import remove_tree
 
     root = tempfile.mkdtemp(prefix=prefix)
     # The program may run as another uid; it must reach its workspace below here.
@@ -243,8 +243,11 @@ def host_processes() -> dict[int, HostProcess]:
             continue
         try:
             found[int(entry)] = HostProcess(
-                pid=int(entry), started=int(fields[19]), ppid=int(fields[1]),
-                state=fields[0].decode(), uids=tuple(int(v) for v in uid_line.split()[1:]),
+                pid=int(entry),
+                started=int(fields[19]),
+                ppid=int(fields[1]),
+                state=fields[0].decode(),
+                uids=tuple(int(v) for v in uid_line.split()[1:]),
             )
         except (IndexError, ValueError):
             continue
@@ -368,7 +371,8 @@ def cgroups_left(
         new = cgroup_directories() - before - engines
         foreign = [path for path in new if names_another_host(path, me)]
         left = sorted(
-            path for path in new
+            path
+            for path in new
             if not names_another_host(path, me)
             and not any(other.startswith(path + "/") for other in foreign)
             and not (cgroup_pids(path) - spared)
@@ -441,10 +445,13 @@ class HostBaseline:
             # Orphans that died in the meantime were reparented here: reap them, so no
             # zombie of the test outlives it.
             me = os.getpid()
-            reap_children({
-                p.pid for p in host_processes().values()
-                if p.ppid == me and not p.alive and p.pid not in baseline.processes
-            })
+            reap_children(
+                {
+                    p.pid
+                    for p in host_processes().values()
+                    if p.ppid == me and not p.alive and p.pid not in baseline.processes
+                }
+            )
 
     def _new(self, process: HostProcess) -> bool:
         before = self.processes.get(process.pid)
@@ -506,7 +513,8 @@ class HostBaseline:
             problems.append(
                 f"{len(survivors)} process(es) outlived the execution (killed now"
                 + (f"; {len(unkillable)} would not die" if unkillable else "")
-                + "): " + "; ".join(named)
+                + "): "
+                + "; ".join(named)
             )
         if cgroups:
             problems.append(

@@ -12,10 +12,10 @@ import textwrap
 
 import anyio
 
-from ..bindings import FunctionBindings
-from ..profiles import DeploymentConfig
+from .._api.sandbox import Sandbox
+from .._bindings.bindings import FunctionBindings
+from .._policy.profiles import DeploymentConfig
 from ..result import ExecutionResult
-from ..sandbox import Sandbox
 from .host import cgroup_directories, cgroups_left
 
 

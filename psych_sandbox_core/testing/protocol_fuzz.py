@@ -3,20 +3,20 @@ target for the frame reader and codec. Needs hypothesis (``psych-sandbox-core[te
 
 :class:`ConversationMachine` is a hypothesis state machine over what the host does with a
 child's lines (see driver.py): each line is held to the ceilings in force, decoded by the
-codec, given to the :class:`~psych_sandbox_core.conversation.Conversation`, and its actions
+codec, given to the :class:`~psych_sandbox_core._engine.conversation.Conversation`, and its actions
 are performed as the driver performs them (calls answered by a real
-:class:`~psych_sandbox_core.bindings.CallServer`, values decoded, ceilings narrowed). Lines
-are frames of every kind in every state, forged and reordered call ids, truncated and
+:class:`~psych_sandbox_core._bindings.bindings.CallServer`, values decoded, ceilings narrowed).
+Lines are frames of every kind in every state, forged and reordered call ids, truncated and
 oversized lines, and hostile JSON (deep, wide, huge numbers). After every step:
 
 * nothing raised but ProtocolViolation, and only on the documented path (the codec or a
   checker refusing a line, which the conversation then records as a violation);
-* the state moved as :data:`~psych_sandbox_core.conversation.TRANSITIONS` says, or to the
+* the state moved as :data:`~psych_sandbox_core._engine.conversation.TRANSITIONS` says, or to the
   violated state, which is final;
 * the state the host keeps is bounded: what a call carries, or a refused line, is not kept.
 
 :func:`feed_reader` is the byte-level target (for atheris, and for hypothesis on random
-bytes): the bytes, cut into pieces, go through a :class:`~psych_sandbox_core.channel.
+bytes): the bytes, cut into pieces, go through a :class:`~psych_sandbox_core.kit.channel.
 FrameChannel` and the codec; only frames, the end, or ProtocolViolation may come out.
 """
 
@@ -35,11 +35,8 @@ import anyio.from_thread
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ..artifact_channel import ChannelCollector, channel_request
-from ..artifacts import CollectionLimits
-from ..bindings import CallServer, FunctionBindings
-from ..channel import FrameChannel
-from ..conversation import (
+from .._bindings.bindings import CallServer, FunctionBindings
+from .._engine.conversation import (
     TRANSITIONS,
     Action,
     Answer,
@@ -51,8 +48,11 @@ from ..conversation import (
     Send,
     State,
 )
+from .._output.artifact_channel import ChannelCollector, channel_request
+from .._output.artifacts import CollectionLimits
 from ..errors import ProtocolViolation
 from ..grading import Mechanisms
+from ..kit.channel import FrameChannel
 from ..protocol import PROTOCOL_VERSION, ResultFrame, decode_child_frame, encode_host_frame
 from ..protocol.codec import decode_chunk, decode_value_json
 from ..protocol.framing import HANDSHAKE_CEILINGS, FrameCeilings, check_length, frame_kind

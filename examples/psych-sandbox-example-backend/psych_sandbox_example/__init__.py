@@ -7,7 +7,7 @@ grades its mechanisms against what the child observes.
 
 from __future__ import annotations
 
-from psych_sandbox_core.backend_kit import (
+from psych_sandbox_core.kit import (
     BackendRegistrar,
     Level,
     SubprocessBackend,

@@ -7,15 +7,16 @@ mount namespace. The program runs as an unprivileged uid with no capabilities an
 privileges. When the host runs as root, bwrap itself is started as an unprivileged host uid:
 a user namespace made by root maps the sandbox onto host root, which owns (and may write)
 the kernel's settings under /proc/sys even without capabilities. That host uid is leased per
-execution (psych_sandbox_core.identity): the host uid that made a user namespace holds every
-capability in it, so a host process sharing it could enter a running sandbox through
+execution (psych_sandbox_core.kit.posix.identity): the host uid that made a user namespace
+holds every capability in it, so a host process sharing it could enter a running sandbox through
 /proc/<pid>/root, and every sandbox under one uid would share that uid's process count.
 
 bwrap's monitor learns the exit status of its pid-namespace init through an eventfd and
 exits without reaping it, so the kernel's accounting of the tree never reaches the host's
 wait4. Where the host can create cgroups (root, cgroup v1 or v2 with the needed controllers),
-each execution runs in a cgroup of its own (psych_sandbox_core.cgroups): usage is read from it
-and memory and process count are capped by it. Elsewhere usage is not measured (see README.md).
+each execution runs in a cgroup of its own (psych_sandbox_core.kit.posix.cgroups): usage is read
+from it and memory and process count are capped by it. Elsewhere usage is not measured (see
+README.md).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from functools import lru_cache
 from typing import Annotated
 
 import anyio
-from psych_sandbox_core.backend_kit import (
+from psych_sandbox_core.kit import (
     SYSTEM_CANDIDATES,
     BackendRegistrar,
     BackendUnavailable,

@@ -37,9 +37,7 @@ def needs(condition: bool, requirement: str, reason: str) -> pytest.MarkDecorato
     return pytest.mark.psych_missing(requirement, reason)
 
 
-requires_bwrap = needs(
-    shutil.which("bwrap") is not None, BWRAP_ROOT, "bubblewrap is not installed"
-)
+requires_bwrap = needs(shutil.which("bwrap") is not None, BWRAP_ROOT, "bubblewrap is not installed")
 needs_root = needs(os.geteuid() == 0, BWRAP_ROOT, "the host does not run as root")
 
 
@@ -58,5 +56,3 @@ def config(options: dict[str, Any] | None = None, **limits: Any) -> DeploymentCo
 async def run(source: str, options: dict[str, Any] | None = None, **limits: Any) -> ExecutionResult:
     async with Sandbox(config(options, **limits)) as sandbox:
         return await sandbox.run(source, profile=PROFILE)
-
-

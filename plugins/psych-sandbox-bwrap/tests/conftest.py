@@ -19,7 +19,8 @@ from psych_sandbox_core.testing.host import no_cgroup_left
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "psych_missing(requirement, reason): cannot run here (skip, or fail when "
+        "markers",
+        "psych_missing(requirement, reason): cannot run here (skip, or fail when "
         "PSYCH_SANDBOX_REQUIRE_BACKENDS names the requirement)",
     )
 

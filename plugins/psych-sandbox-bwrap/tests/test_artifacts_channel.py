@@ -10,12 +10,10 @@ from pathlib import Path
 
 from bwrap_support import requires_bwrap
 from psych_sandbox_core.cli import main
-from psych_sandbox_core.testing.programs import (
-    PLANTED_ARTIFACTS,
-    PLANTED_EXPECTED,
-)
+from psych_sandbox_core.testing.programs import PLANTED_ARTIFACTS, PLANTED_EXPECTED
 
 pytestmark = [requires_bwrap]
+
 
 def test_cli_writes_the_files_under_bwrap(tmp_path: Path) -> None:
     program = tmp_path / "program.py"

@@ -16,7 +16,7 @@ from bwrap_support import (
     requires_bwrap,
     run,
 )
-from psych_sandbox_core import cgroups
+from psych_sandbox_core.kit.posix import cgroups
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]
 

@@ -23,14 +23,10 @@ from bwrap_support import (
     skip_unless_required,
 )
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core import trials as trials_module
+from psych_sandbox_core._policy import trials as trials_module
+from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_core.errors import ConfigurationError
-from psych_sandbox_core.registry import BackendRegistry
-from psych_sandbox_core.testing.as_user import (
-    SYSTEM_PYTHON,
-    staged_environment,
-    unprivileged_user,
-)
+from psych_sandbox_core.testing.as_user import SYSTEM_PYTHON, staged_environment, unprivileged_user
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]
 
@@ -145,7 +141,11 @@ def test_works_as_an_unprivileged_host_user() -> None:
     )
     completed = subprocess.run(
         ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *_as_user_argv(program)],
-        capture_output=True, text=True, timeout=100, check=False, cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+        cwd="/",
     )
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)

@@ -13,8 +13,11 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     reap = commands.add_parser("reap", help="remove orphaned sandbox containers")
     reap.add_argument("--engine", choices=("docker", "podman"), default=None)
-    reap.add_argument("--all", action="store_true",
-                      help="also remove containers whose host process is still running")
+    reap.add_argument(
+        "--all",
+        action="store_true",
+        help="also remove containers whose host process is still running",
+    )
     args = parser.parse_args(argv)
     detected = detect_engine(args.engine)
     if detected is None:

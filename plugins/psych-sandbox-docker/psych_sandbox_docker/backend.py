@@ -3,8 +3,8 @@
 The container has no network, no capabilities, no new privileges, a read-only root with
 size-capped tmpfs mounts for the workspace and /tmp, a non-root identity, and memory and
 process-count limits. On a root host that identity is a uid/gid leased for the execution
-(psych_sandbox_core.identity): runc maps no user namespace, so the container's uid is a host
-uid, and containers sharing one would share its process count and, for any host program
+(psych_sandbox_core.kit.posix.identity): runc maps no user namespace, so the container's uid is
+a host uid, and containers sharing one would share its process count and, for any host program
 under it, their /proc/<pid>/root. The only host path inside is a per-execution directory holding the
 control Unix socket. ``--init`` makes the engine's tiny init PID 1, so the program runs below
 it, where the CPU limit's signal still kills it. The container is removed at teardown
@@ -33,7 +33,7 @@ from typing import Annotated, Literal
 
 import anyio
 from anyio.abc import ByteReceiveStream
-from psych_sandbox_core.backend_kit import (
+from psych_sandbox_core.kit import (
     EXECUTION_CPU_SHARES,
     BackendRegistrar,
     BackendUnavailable,

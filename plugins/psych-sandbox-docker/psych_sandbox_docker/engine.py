@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from psych_sandbox_core import backend_kit
-from psych_sandbox_core.backend_kit import (
+from psych_sandbox_core import kit as backend_kit
+from psych_sandbox_core.kit import (
     EmptyCgroup,
     host_alive,
     owner_of,
@@ -43,8 +43,16 @@ SOCKET_DIR_PREFIX = "psych-docker-"
 ENGINE_COMMAND_SECONDS = 20.0
 #: Environment variables the engine's CLI may need; nothing else of the host's is passed on.
 ENGINE_ENVIRONMENT = (
-    "PATH", "HOME", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH",
-    "DOCKER_TLS_VERIFY", "CONTAINER_HOST", "CONTAINERS_CONF", "XDG_RUNTIME_DIR",
+    "PATH",
+    "HOME",
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CONFIG",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+    "CONTAINER_HOST",
+    "CONTAINERS_CONF",
+    "XDG_RUNTIME_DIR",
 )
 
 
@@ -134,8 +142,11 @@ def cgroup_controllers() -> list[Path]:
     """The cgroup v1 hierarchies usage is read from (empty on a cgroup v2 host)."""
     if not CGROUP_MOUNT.is_dir() or (CGROUP_MOUNT / "cgroup.controllers").exists():
         return []
-    return [p for p in CGROUP_MOUNT.iterdir() if p.is_dir() and not p.is_symlink()
-            and p.name != "unified"]
+    return [
+        p
+        for p in CGROUP_MOUNT.iterdir()
+        if p.is_dir() and not p.is_symlink() and p.name != "unified"
+    ]
 
 
 def cgroup_hierarchies() -> list[Path]:
@@ -267,11 +278,23 @@ def reap_orphans(engine: str = "docker", *, everything: bool = False) -> list[st
     me = current_owner()
     try:
         listed = subprocess.run(
-            [path, "ps", "-a", "--no-trunc", "--filter", f"label={MANAGED_LABEL}=1",
-             "--filter", f"label={MACHINE_LABEL}={me.machine}",
-             "--format", '{{.ID}} {{.Label "' + OWNER_LABEL + '"}}'],
-            env=engine_environment(), capture_output=True, text=True,
-            timeout=ENGINE_COMMAND_SECONDS, check=False,
+            [
+                path,
+                "ps",
+                "-a",
+                "--no-trunc",
+                "--filter",
+                f"label={MANAGED_LABEL}=1",
+                "--filter",
+                f"label={MACHINE_LABEL}={me.machine}",
+                "--format",
+                '{{.ID}} {{.Label "' + OWNER_LABEL + '"}}',
+            ],
+            env=engine_environment(),
+            capture_output=True,
+            text=True,
+            timeout=ENGINE_COMMAND_SECONDS,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return []
@@ -288,8 +311,11 @@ def reap_orphans(engine: str = "docker", *, everything: bool = False) -> list[st
     if doomed:
         try:
             subprocess.run(
-                [path, "rm", "-f", *doomed], env=engine_environment(), capture_output=True,
-                timeout=ENGINE_COMMAND_SECONDS, check=False,
+                [path, "rm", "-f", *doomed],
+                env=engine_environment(),
+                capture_output=True,
+                timeout=ENGINE_COMMAND_SECONDS,
+                check=False,
             )
         except (OSError, subprocess.SubprocessError):
             return []

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core.identity import DEFAULT_COUNT, DEFAULT_FIRST_UID
+from psych_sandbox_core.kit.posix.identity import DEFAULT_COUNT, DEFAULT_FIRST_UID
 from psych_sandbox_core.result import ExecutionResult
 
 # Host-side probes and requirement handling shared with every backend's tests.
@@ -45,7 +45,10 @@ def engine_problem() -> tuple[str, str] | None:
         return "docker", "the docker CLI is not installed"
     info = subprocess.run(
         ["docker", "info", "--format", "{{json .Runtimes}}"],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     if info.returncode != 0:
         return "docker", f"the docker engine does not answer: {info.stderr.strip()}"
@@ -81,7 +84,10 @@ def leased(uid: int) -> bool:
 def leftover_containers() -> list[str]:
     listed = subprocess.run(
         ["docker", "ps", "-a", "-q", "--filter", f"label={OWNER_LABEL}={current_owner().label}"],
-        capture_output=True, text=True, timeout=30, check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     return listed.stdout.split()
 
@@ -123,9 +129,19 @@ def held_by(host_pid: int) -> list[str]:
     ``host_pid`` (another process: a CLI run), found by the owner they are labelled and named
     with."""
     listed = subprocess.run(
-        ["docker", "ps", "-a", "--filter", f"label={OWNER_LABEL}",
-         "--format", f'{{{{.ID}}}} {{{{.Label "{OWNER_LABEL}"}}}}'],
-        capture_output=True, text=True, timeout=30, check=True,
+        [
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            f"label={OWNER_LABEL}",
+            "--format",
+            f'{{{{.ID}}}} {{{{.Label "{OWNER_LABEL}"}}}}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     held = [
         f"container {ident}"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from docker_support import RUNTIMES, run
-from psych_sandbox_core.bootstrap_loader import (
+from psych_sandbox_core.child.loader import (
     CODE_FILE,
     SOURCE_FILE,
     bootstrap_source,

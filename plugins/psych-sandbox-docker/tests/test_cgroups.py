@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from docker_support import PROFILE, RUNTIMES, config
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core.backend_kit import EXECUTION_CPU_SHARES
-from psych_sandbox_core.bindings import FunctionBindings
-from psych_sandbox_core.cgroupfs import hierarchies
-from psych_sandbox_core.temp_dirs import owner_tag
+from psych_sandbox_core._bindings.bindings import FunctionBindings
+from psych_sandbox_core.kit import EXECUTION_CPU_SHARES
+from psych_sandbox_core.kit.posix.cgroupfs import hierarchies
+from psych_sandbox_core.kit.posix.temp_dirs import owner_tag
 from psych_sandbox_core.testing.host import cgroup_directories
 from psych_sandbox_core.testing.programs import cgroups_of_one_execution
 

@@ -20,7 +20,7 @@ import anyio
 import pytest
 from docker_support import FAST_LIMITS, PROFILE
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core._bindings.bindings import FunctionBindings
 from psych_sandbox_core.testing import census
 
 from psych_sandbox_docker.image import DEFAULT_TAG
@@ -138,9 +138,7 @@ async def test_an_engine_restarted_mid_execution_is_its_own_failure_and_leaves_n
     # Cold executions only: a prepared child's container would be one more on the engine.
     config = DeploymentConfig(
         profiles={
-            PROFILE: ProfileConfig(
-                backend="docker", limits=ExecutionLimits(**FAST_LIMITS), warm=0
-            )
+            PROFILE: ProfileConfig(backend="docker", limits=ExecutionLimits(**FAST_LIMITS), warm=0)
         }
     )
     async with Sandbox(config) as sandbox:

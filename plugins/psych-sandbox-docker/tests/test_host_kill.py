@@ -16,8 +16,8 @@ import anyio
 import pytest
 from docker_support import PROFILE, RUNTIMES, config, live_in_containers, wait_until
 from psych_sandbox_core import ErrorKind, Sandbox
-from psych_sandbox_core.bindings import FunctionBindings
-from psych_sandbox_core.phases import recording
+from psych_sandbox_core._bindings.bindings import FunctionBindings
+from psych_sandbox_core.kit.phases import recording
 
 from psych_sandbox_docker import api
 from psych_sandbox_docker.backend import _Demux

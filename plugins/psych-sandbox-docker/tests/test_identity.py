@@ -70,8 +70,13 @@ async def test_the_control_socket_belongs_to_the_container_uid() -> None:
         # the socket directory.
         info = os.stat(f"/proc/{pid}/root/run/psych/control.sock")
         directory = os.stat(f"/proc/{pid}/root/run/psych")
-        seen.update(uid=uid, owner=(info.st_uid, info.st_gid), mode=info.st_mode & 0o777,
-                    dir_owner=directory.st_uid, dir_mode=directory.st_mode & 0o777)
+        seen.update(
+            uid=uid,
+            owner=(info.st_uid, info.st_gid),
+            mode=info.st_mode & 0o777,
+            dir_owner=directory.st_uid,
+            dir_mode=directory.st_mode & 0o777,
+        )
 
     async with Sandbox(deployment({}, {})) as sandbox, anyio.create_task_group() as tg:
         tg.start_soon(inspect)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from docker_support import PROFILE, RUNTIMES, config, skip_unless_required
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core.sweep import has_keys
+from psych_sandbox_core.kit.posix.sweep import has_keys
 from psych_sandbox_core.testing.host import marker
 from psych_sandbox_core.testing.leftovers import (
     host_targets,

@@ -9,9 +9,9 @@ import sys
 import pytest
 from docker_support import PROFILE, config, run
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core import trials as trials_module
+from psych_sandbox_core._policy import trials as trials_module
+from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_core.errors import ConfigurationError
-from psych_sandbox_core.registry import BackendRegistry
 
 from psych_sandbox_docker import engine as eng
 from psych_sandbox_docker.image import DEFAULT_TAG
@@ -54,16 +54,18 @@ async def test_absent_image_is_backend_not_ready_with_build_guidance(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(trials_module, "_TRIALS", {})
-    before = subprocess.run(["docker", "images", "-q"], capture_output=True, text=True,
-                            check=True).stdout
+    before = subprocess.run(
+        ["docker", "images", "-q"], capture_output=True, text=True, check=True
+    ).stdout
     result = await run("print('never')", options={"image": ABSENT})
     assert result.error is not None
     assert result.error.kind.value == "backend_not_ready"
     assert "python -m psych_sandbox_docker.image" in result.error.message
     assert result.stdout == ""
     # Nothing was pulled.
-    after = subprocess.run(["docker", "images", "-q"], capture_output=True, text=True,
-                           check=True).stdout
+    after = subprocess.run(
+        ["docker", "images", "-q"], capture_output=True, text=True, check=True
+    ).stdout
     assert after == before
     # doctor's quick answer says the same.
     backend = BackendRegistry().create("docker", {"image": ABSENT})
@@ -81,8 +83,9 @@ async def test_gvisor_backend_runs_under_runsc() -> None:
     # The kernel a gVisor program sees is gVisor's own.
     result = await run("import os\nos.uname().release", "runsc")
     assert result.error is None, result.error
-    host_release = subprocess.run(["uname", "-r"], capture_output=True, text=True,
-                                  check=True).stdout.strip()
+    host_release = subprocess.run(
+        ["uname", "-r"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert result.return_value != host_release
     assert PROFILE
 
@@ -94,13 +97,26 @@ def test_reaper_removes_only_containers_of_dead_hosts() -> None:
     dead = eng.Owner(me.machine, me.boot, 2**22 + 1, "1").label
     started = []
     for label in (dead, me.label):
-        started.append(subprocess.run(
-            ["docker", "create", "--label", f"{eng.MANAGED_LABEL}=1",
-             "--label", f"{eng.MACHINE_LABEL}={me.machine}",
-             "--label", f"{eng.OWNER_LABEL}={label}",
-             "--network", "none", DEFAULT_TAG],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip())
+        started.append(
+            subprocess.run(
+                [
+                    "docker",
+                    "create",
+                    "--label",
+                    f"{eng.MANAGED_LABEL}=1",
+                    "--label",
+                    f"{eng.MACHINE_LABEL}={me.machine}",
+                    "--label",
+                    f"{eng.OWNER_LABEL}={label}",
+                    "--network",
+                    "none",
+                    DEFAULT_TAG,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        )
     orphan, alive = started
     try:
         removed = eng.reap_orphans("docker")
@@ -108,12 +124,18 @@ def test_reaper_removes_only_containers_of_dead_hosts() -> None:
         assert alive not in removed
         remaining = subprocess.run(
             ["docker", "ps", "-a", "-q", "--no-trunc", "--filter", f"id={orphan}"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         assert remaining.strip() == ""
         # The command line does the same.
-        cli = subprocess.run([sys.executable, "-m", "psych_sandbox_docker", "reap"],
-                             capture_output=True, text=True, check=False)
+        cli = subprocess.run(
+            [sys.executable, "-m", "psych_sandbox_docker", "reap"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert cli.returncode == 0, cli.stderr
         assert "removed 0 container(s)" in cli.stdout
     finally:

@@ -30,9 +30,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from psych_sandbox_core.backend_kit import (
-    ConfigurationError,
-)
+from psych_sandbox_core.kit import ConfigurationError
 
 #: Subtrees whose reads are denied: where a host keeps what a program must not read. Paths
 #: are the real ones (seatbelt matches resolved paths: /tmp is /private/tmp on macOS).

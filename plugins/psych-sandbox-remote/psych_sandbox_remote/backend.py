@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-from psych_sandbox_core.backend_kit import (
+from psych_sandbox_core.kit import (
     PROTOCOL_VERSION,
     Backend,
     BackendRegistrar,

@@ -23,7 +23,7 @@ import anyio
 import httpx
 from anyio.abc import ByteReceiveStream, ByteStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from psych_sandbox_core.backend_kit import (
+from psych_sandbox_core.kit import (
     ChannelListener,
     ErrorKind,
     ExitStatus,

@@ -6,9 +6,7 @@ import ipaddress
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from psych_sandbox_core.backend_kit import (
-    BackendOptions,
-)
+from psych_sandbox_core.kit import BackendOptions
 from pydantic import Field, field_validator, model_validator
 
 from .stream import StreamCeilings

@@ -16,11 +16,7 @@ import sys
 from typing import Annotated
 
 import anyio
-from psych_sandbox_core.backend_kit import (
-    HANDSHAKE_SECONDS,
-    ConfigurationError,
-    Level,
-)
+from psych_sandbox_core.kit import HANDSHAKE_SECONDS, ConfigurationError, Level
 from psych_sandbox_core.service_kit import (
     BackendRegistry,
     DeploymentConfig,

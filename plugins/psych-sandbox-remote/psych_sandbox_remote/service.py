@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 from anyio.abc import ByteReceiveStream, ByteStream
 from anyio.streams.memory import MemoryObjectSendStream
-from psych_sandbox_core.backend_kit import (
+from psych_sandbox_core.kit import (
     HANDSHAKE_SECONDS,
     MAX_HOST_FRAME_BYTES,
     PROTOCOL_VERSION,

@@ -11,7 +11,7 @@ import anyio
 import httpx
 import pytest
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core._bindings.bindings import FunctionBindings
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.result import ExecutionResult
 from remote_support import (

@@ -16,10 +16,10 @@ import anyio
 import httpx
 import pytest
 from psych_sandbox_core import ProfileConfig
-from psych_sandbox_core.bindings import FunctionBindings
+from psych_sandbox_core._bindings.bindings import FunctionBindings
+from psych_sandbox_core._policy.profiles import DeploymentConfig
 from psych_sandbox_core.budgets import BindingBudgets
 from psych_sandbox_core.errors import ErrorKind
-from psych_sandbox_core.profiles import DeploymentConfig
 from psych_sandbox_core.protocol.limits import MAX_INPUT_BYTES
 from psych_sandbox_core.terms import ExecutionLimits
 from remote_support import (
@@ -309,8 +309,8 @@ async def test_a_full_server_refuses_and_says_so(served: Served) -> None:
 
 
 async def test_plaintext_credentials_only_on_loopback_or_when_trusted(tmp_path: Path) -> None:
+    from psych_sandbox_core._policy.registry import BackendRegistry
     from psych_sandbox_core.errors import ConfigurationError
-    from psych_sandbox_core.registry import BackendRegistry
 
     registry = BackendRegistry()
     with pytest.raises(ConfigurationError, match="plaintext"):

@@ -4,7 +4,7 @@ The child is started suspended, put in a Job Object of its own (jobobject.py) an
 resumed, so nothing it runs ever runs outside the job: active-process, job-memory and job-CPU
 limits, every UI restriction, no breakaway, and kill-on-job-close, so no descendant outlives
 the handle. The control channel is a loopback socket with a one-time token
-(psych_sandbox_core.channel_loopback); the bootstrap source and the token reach the child on
+(psych_sandbox_core.kit.channel_loopback); the bootstrap source and the token reach the child on
 its stdin, which is then closed: a Windows command line holds 32767 characters, less than the
 bootstrap, and neither belongs where other processes can read it. The environment is built
 from an allow-list; the working directory is a fresh private directory.
@@ -33,7 +33,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from psych_sandbox_core.backend_kit import (
+from psych_sandbox_core.kit import (
     Backend,
     BackendRegistrar,
     BackendUnavailable,

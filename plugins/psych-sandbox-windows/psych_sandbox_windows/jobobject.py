@@ -19,9 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from psych_sandbox_core.backend_kit import (
-    ExecutionLimits,
-)
+from psych_sandbox_core.kit import ExecutionLimits
 
 # JOBOBJECTINFOCLASS values.
 JOB_OBJECT_BASIC_UI_RESTRICTIONS = 4

@@ -13,13 +13,14 @@ from typing import Any
 
 import anyio
 import pytest
-from psych_sandbox_core.backend import LaunchRequest, ProbeTargets
-from psych_sandbox_core.channel import FrameChannel
-from psych_sandbox_core.channel_loopback import LoopbackTokenChannel
-from psych_sandbox_core.config import config_problems
+from psych_sandbox_core._engine.host import bootstrap_source
+from psych_sandbox_core._policy.config import config_problems
+from psych_sandbox_core._policy.profiles import DeploymentConfig, ProfileConfig
+from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_core.grading import Grade, Guarantee, Level, grade, level_of
-from psych_sandbox_core.host import bootstrap_source
-from psych_sandbox_core.profiles import DeploymentConfig, ProfileConfig
+from psych_sandbox_core.kit.backend import LaunchRequest, ProbeTargets
+from psych_sandbox_core.kit.channel import FrameChannel
+from psych_sandbox_core.kit.channel_loopback import LoopbackTokenChannel
 from psych_sandbox_core.protocol.frames import (
     ChildLimits,
     ContainmentReport,
@@ -27,7 +28,6 @@ from psych_sandbox_core.protocol.frames import (
     ResultFrame,
     RunFrame,
 )
-from psych_sandbox_core.registry import BackendRegistry
 from psych_sandbox_core.terms import ExecutionLimits
 
 from psych_sandbox_windows.backend import (
@@ -153,7 +153,7 @@ def test_a_profile_requiring_isolated_is_refused_at_configuration() -> None:
 @off_windows
 @pytest.mark.anyio
 async def test_launch_off_windows_is_backend_unavailable() -> None:
-    from psych_sandbox_core.backend import BackendUnavailable
+    from psych_sandbox_core.kit.backend import BackendUnavailable
 
     backend = WindowsBackend(WindowsOptions())
     request = LaunchRequest(

@@ -1,0 +1,3 @@
+"""What an execution leaves for its caller: captured streams and their previews, attachments
+and the blob store, artifacts, streaming, and reading stored bytes back (paging, pattern
+search). Internal."""

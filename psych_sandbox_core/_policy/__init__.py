@@ -1,0 +1,2 @@
+"""Deployment configuration, profiles, plugin loading, backend selection and the four
+narrowings. Internal."""
