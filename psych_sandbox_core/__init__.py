@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .terms import ExecutionLimits
 
 #: The one place the core's version is written; the distribution's metadata reads it from here.
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: Each public name and the submodule that defines it.
 _PUBLIC = {

@@ -183,7 +183,7 @@ def test_each_wheel_holds_its_package_and_metadata_only(built: dict[str, Built])
     for item in built.values():
         with zipfile.ZipFile(item.wheel) as archive:
             tops = {name.split("/", 1)[0] for name in archive.namelist()}
-        assert tops == {item.source.package, f"{item.source.package}-0.1.0.dist-info"}
+        assert tops == {item.source.package, f"{item.source.package}-0.2.0.dist-info"}
 
 
 def test_metadata_and_contents_pass_the_packaging_checkers(built: dict[str, Built]) -> None:
@@ -303,20 +303,20 @@ def test_the_wheels_install_into_a_fresh_environment_and_run_a_program(
     assert result["profile"] == "default"
     # Served by a backend from the wheels just installed, at the level its grades earned.
     assert result["backend"]["distribution"] in {item.source.name for item in built.values()}
-    assert result["backend"]["version"] == "0.1.0"
+    assert result["backend"]["version"] == "0.2.0"
     assert result["level"] in {"isolated", "process"}
 
     version = _run([str(venv / "bin" / "psych-sandbox"), "--version"], tmp_path, env)
     assert version.splitlines()[0] == f"psych-sandbox-core {psych_sandbox_core.__version__}"
     rows = {tuple(line.split()) for line in version.splitlines()[2:]}
     assert rows == {
-        ("bwrap", "psych-sandbox-bwrap", "0.1.0"),
-        ("docker", "psych-sandbox-docker", "0.1.0"),
-        ("gvisor", "psych-sandbox-docker", "0.1.0"),
-        ("macos", "psych-sandbox-macos", "0.1.0"),
-        ("remote", "psych-sandbox-remote", "0.1.0"),
-        ("subprocess", "psych-sandbox-core", "0.1.0"),
-        ("windows", "psych-sandbox-windows", "0.1.0"),
+        ("bwrap", "psych-sandbox-bwrap", "0.2.0"),
+        ("docker", "psych-sandbox-docker", "0.2.0"),
+        ("gvisor", "psych-sandbox-docker", "0.2.0"),
+        ("macos", "psych-sandbox-macos", "0.2.0"),
+        ("remote", "psych-sandbox-remote", "0.2.0"),
+        ("subprocess", "psych-sandbox-core", "0.2.0"),
+        ("windows", "psych-sandbox-windows", "0.2.0"),
     }
     assert _run([python, "-m", "psych_sandbox_core", "--version"], tmp_path, env) == version
 

@@ -51,7 +51,7 @@ Compatibility policy. :data:`KIT_VERSION` is the core's major.minor version. Wit
 minor series (0.1.0, 0.1.1, ...) every name in ``__all__`` keeps its signature and meaning:
 a patch release adds nothing a backend must implement and removes nothing. A minor release
 may change the kit, and its release notes say how. A backend therefore declares one minor
-series of the core, ``psych-sandbox-core>=0.1,<0.2``, and raises the range once it has been
+series of the core, ``psych-sandbox-core>=0.2,<0.3``, and raises the range once it has been
 checked against the next; from 1.0 on the policy is semantic versioning of this module.
 """
 
@@ -134,7 +134,7 @@ if TYPE_CHECKING:
     from ..backends.subprocess import SubprocessBackend, SubprocessOptions
 
 #: The core's major.minor version this kit belongs to (see the compatibility policy above).
-KIT_VERSION = "0.1"
+KIT_VERSION = "0.2"
 
 __all__ = [
     "DEFAULT_COUNT",

@@ -55,7 +55,7 @@ async def test_the_example_backend_is_found_through_its_entry_point_and_runs(
     assert "example" in registry.ids()
     registered = registry.get("example")
     assert registered.distribution == DISTRIBUTION
-    assert registered.version == "0.1.0"
+    assert registered.version == "0.2.0"
     async with Sandbox(registry=registry) as box:
         result = await box.run("print('from a plugin')\nreturn 6 * 7", profile="example")
     assert result.error is None, result.error

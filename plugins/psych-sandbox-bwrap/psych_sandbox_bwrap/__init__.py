@@ -8,4 +8,4 @@ isolated level.
 from .backend import BwrapBackend, BwrapOptions
 
 __all__ = ["BwrapBackend", "BwrapOptions"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

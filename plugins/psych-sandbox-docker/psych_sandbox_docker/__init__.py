@@ -9,4 +9,4 @@ from .backend import DockerBackend, DockerOptions, GvisorBackend, GvisorOptions
 from .engine import reap_orphans
 
 __all__ = ["DockerBackend", "DockerOptions", "GvisorBackend", "GvisorOptions", "reap_orphans"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -9,4 +9,4 @@ from .backend import MacosBackend, MacosOptions
 from .seatbelt import SeatbeltPolicy, SeatbeltProfile, generate
 
 __all__ = ["MacosBackend", "MacosOptions", "SeatbeltPolicy", "SeatbeltProfile", "generate"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -74,7 +74,7 @@ def test_doctor_reports_it_unavailable_and_fails_nothing(
     main(["doctor"])
     text = capsys.readouterr().out
     assert (
-        "macos (psych-sandbox-macos 0.1.0; claims process): does not work here: "
+        "macos (psych-sandbox-macos 0.2.0; claims process): does not work here: "
         "requires macOS" in text
     )
 

@@ -9,4 +9,4 @@ from .backend import WindowsBackend, WindowsOptions
 from .jobobject import JobLimits, JobObject, job_limits
 
 __all__ = ["JobLimits", "JobObject", "WindowsBackend", "WindowsOptions", "job_limits"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
