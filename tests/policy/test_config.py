@@ -138,11 +138,10 @@ def test_cli_config_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 @pytest.mark.anyio
 async def test_default_picks_the_strongest_backend_that_works_and_remembers() -> None:
-    from tests.engine.test_withholding import MisreportingBackend
-
     from psych_sandbox_core._policy import trials as trials_module
     from psych_sandbox_core.grading import level_at_least
     from psych_sandbox_core.kit.hookspecs import hookimpl
+    from tests.engine.test_withholding import MisreportingBackend
 
     class Plugin:
         @staticmethod
