@@ -23,6 +23,7 @@ from .._output.artifacts import Collection, collection_failure
 from .._output.capture import StreamCapture
 from .._output.preservation import artifact_collector, collect_artifacts
 from ..kit.backend import Launched
+from ..kit.capabilities import ProcessesNoted, Relayed, UsageSoFar
 from ..kit.phases import mark
 from ..kit.posix.process import ExitStatus
 from ..kit.probe_harness import ProbeHarness
@@ -101,7 +102,8 @@ class ChildDriver:
             ) from None
         try:
             with anyio.fail_after(HANDSHAKE_SECONDS):
-                actions = await talk.next((self._launched.mechanisms, self._launched.host_uid))
+                far = self._launched.host_uid if isinstance(self._launched, Relayed) else None
+                actions = await talk.next((self._launched.mechanisms, far))
         except TimeoutError:
             await talk.close()
             raise StartupFailed(
@@ -146,7 +148,7 @@ class ChildDriver:
                 self.account_connections()
                 collection = self._collection or self._channel_collection()
                 result = await conclude_ending(
-                    self._ending(plan, started, collection, launched.usage_so_far())
+                    self._ending(plan, started, collection, _usage_so_far(launched))
                 )
                 self._hand_back(result, deliver_to)
 
@@ -244,8 +246,9 @@ class ChildDriver:
                                 await event.wait()
                         await self._talk.nothing_after_result()
                     mark("streams drained")
-                    self._stdout.passed_unseen(*launched.unrelayed("stdout"))
-                    self._stderr.passed_unseen(*launched.unrelayed("stderr"))
+                    if isinstance(launched, Relayed):
+                        self._stdout.passed_unseen(*launched.unrelayed("stdout"))
+                        self._stderr.passed_unseen(*launched.unrelayed("stderr"))
                     drains.cancel_scope.cancel()
                     await self._talk.release_held()
         return status
@@ -356,7 +359,9 @@ class ChildDriver:
             return False
         launched = self._launched
         walks = host_walks(launched, plan)
-        if walks and not launched.only_processes_from_before():
+        if walks and not (
+            isinstance(launched, ProcessesNoted) and launched.only_processes_from_before()
+        ):
             return False  # something the program started may still write its files
         # A collecting run: its channel is read to its end (the child shuts it for writing
         # after its result) before anything it sent counts, as in the teardown.
@@ -385,7 +390,10 @@ class ChildDriver:
     # ------------------------------------------------------------------ the ending
 
     def account_connections(self) -> None:
-        seen = self._harness.connections + self._launched.connections_elsewhere()
+        elsewhere = self._launched
+        seen = self._harness.connections + (
+            elsewhere.connections_elsewhere() if isinstance(elsewhere, Relayed) else 0
+        )
         if seen:
             # Host-side evidence outranks anything the child said about itself.
             self.conversation.network_reached()
@@ -464,5 +472,9 @@ async def _drain(
 
 
 def _program_cpu(launched: Launched) -> float | None:
-    usage = launched.usage_so_far()
+    usage = _usage_so_far(launched)
     return None if usage is None else usage[0]
+
+
+def _usage_so_far(launched: Launched) -> tuple[float | None, int | None] | None:
+    return launched.usage_so_far() if isinstance(launched, UsageSoFar) else None

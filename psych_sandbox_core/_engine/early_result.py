@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import anyio
 
 from ..kit.backend import Launched
+from ..kit.capabilities import ProcessesNoted
 from ..kit.watchers import waited
 from .plan import ExecutionPlan
 
@@ -50,7 +51,9 @@ def marker_for_program(launched: Launched, plan: ExecutionPlan, marker: str | No
     once it has reported, a cold child's too)."""
     if marker is None:
         return None
-    if host_walks(launched, plan) and not launched.before_program():
+    if host_walks(launched, plan) and not (
+        isinstance(launched, ProcessesNoted) and launched.before_program()
+    ):
         return None
     return marker
 

@@ -22,6 +22,7 @@ from .._output.capture import StreamCapture
 from ..child.loader import bootstrap_source
 from ..errors import ErrorKind
 from ..kit.backend import Backend, BackendUnavailable, Launched, LaunchRequest
+from ..kit.capabilities import MemoryNow, ProcessesNoted
 from ..kit.phases import mark
 from ..kit.probe_harness import ProbeHarness
 from ..result import ExecutionFailure, ExecutionResult
@@ -263,8 +264,13 @@ async def _hold(
                         not_prepared = await _prepared(child)
                         if not_prepared is None:
                             # Every process of the bootstrap exists once it has reported.
-                            launched.before_program()
-                            prepared = PreparedChild(launched.memory_bytes_now())
+                            if isinstance(launched, ProcessesNoted):
+                                launched.before_program()
+                            prepared = PreparedChild(
+                                launched.memory_bytes_now()
+                                if isinstance(launched, MemoryNow)
+                                else None
+                            )
                             prepared._driver = child
                             task_status.started(prepared)
                             plan = await _given(prepared, child, launched, on_gone)
