@@ -33,35 +33,31 @@ import anyio
 from pydantic import Field
 
 from ..kit import (
-    SYSTEM_CANDIDATES,
     BackendRegistrar,
-    BackendUnavailable,
-    ExecutionCgroup,
-    ExecutionIdentity,
     ExitStatus,
     InheritedSocketChannel,
     InterpreterOptions,
-    LateTerms,
     Launched,
     LaunchRequest,
+    Level,
+    Mechanisms,
+    ProcessLaunched,
+    child_environment,
+    hookimpl,
+    spawn,
+)
+from ..kit.posix import (
+    SYSTEM_CANDIDATES,
+    ExecutionCgroup,
+    ExecutionIdentity,
     LeasedIdentityBackend,
     LeasedIdentityOptions,
-    Level,
     ManagedProcess,
-    Mechanisms,
-    PassedFds,
-    ProcessLaunched,
-    bootstrap_argv,
-    child_environment,
-    create_workspace,
     execution_cgroup,
-    hookimpl,
-    mark,
-    remove_tree,
 )
 
 # The one mechanism of this backend's own: a pid namespace whose init it holds by a pidfd.
-from ..kit.posix.pid_namespace import InitReport, PidNamespace, ProgramEnd, kill_tree
+from ..kit.posix.pid_namespace import PidNamespace, ProgramEnd, kill_tree
 
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
@@ -148,100 +144,55 @@ class SubprocessBackend(
         # The lease is swept always: a pid namespace is no proof that nothing runs under the
         # uid elsewhere.
         identity = leased.ids
-        workspace = create_workspace(identity)
-        channel = InheritedSocketChannel()
-        process: ManagedProcess | None = None
-        cgroup: ExecutionCgroup | None = None
-        namespace: PidNamespace | None = None
-        candidates: Callable[[], set[int] | None] | None = None
-        # The bootstrap reports its namespace's init here (a pidfd, by SCM_RIGHTS).
-        init = InitReport() if self.namespaces & CLONE_NEWPID else None
-        # The compiled bootstrap's memory file, if it comes in one (closed once spawned).
-        code_fds = PassedFds()
-        # The probe's targets and the cgroup are made once the child is spawned, while its
-        # interpreter starts, and handed to it then (late_terms.py).
-        late = LateTerms()
-        try:
-            argv = bootstrap_argv(
-                self.interpreter, request, channel.child_spec, passed_fds=code_fds, late=late
-            )
+        # The bootstrap reports its namespace's init (a pidfd, by SCM_RIGHTS) where it makes
+        # one; the probe's targets and the cgroup are made once the child is spawned, while
+        # its interpreter starts, and handed to it then (late_terms.py).
+        async with spawn(
+            owner=identity, pid_namespace=bool(self.namespaces & CLONE_NEWPID)
+        ) as child:
+            workspace = child.workspace
+            assert workspace is not None
+            argv = child.bootstrap_argv(self.interpreter, request)
             if self.contain:
                 uid, gid = identity if identity is not None else ("", "")
                 argv.append(f"contain={self.namespaces}:{uid}:{gid}:{os.getpid()}")
-            if init is not None:
-                argv.extend(init.arguments)
-            try:
-                process = await ManagedProcess.spawn(
-                    argv,
-                    env={**child_environment(workspace), **request.environment},
-                    cwd=workspace,
-                    pass_fds=[
-                        *channel.inherited_fds,
-                        *code_fds,
-                        late.child_fd,
-                        *([] if init is None else [init.child_fd]),
-                    ],
-                    # No pre-exec step: the bootstrap contains itself first (see its
-                    # _contain), so the host spawns with vfork.
-                )
-            except (OSError, subprocess.SubprocessError) as exc:
-                raise BackendUnavailable(
-                    f"the subprocess backend could not start {self.interpreter}: {exc}"
-                ) from exc
-            finally:
-                late.after_spawn()
-                if init is not None:
-                    init.after_spawn()
-                code_fds.close()
-            channel.after_spawn()
-            cgroup = await self.execution_cgroup()
+            process = await child.start(
+                argv,
+                env={**child_environment(workspace), **request.environment},
+                cwd=workspace,
+                failure=f"the subprocess backend could not start {self.interpreter}",
+                # No pre-exec step: the bootstrap contains itself first (see its _contain),
+                # so the host spawns with vfork.
+            )
             # The bootstrap writes itself into the cgroup first thing, as root, before
-            # anything of the execution's forks.
-            try:
-                late.deliver(request.probe, cgroup.join_fds if cgroup is not None else ())
-            finally:
-                if cgroup is not None:
-                    cgroup.close_join_fds()
-            if init is not None:
+            # anything of the execution's forks. Its removal at teardown (stragglers killed
+            # first) is no proof for the lease: with no filesystem boundary a program can
+            # have a process started under its uid outside the cgroup (through a host
+            # service it reaches), which only the sweep's scan finds.
+            cgroup = await self.execution_cgroup()
+            child.deliver(request.probe, joining=cgroup)
+            namespace: PidNamespace | None = None
+            if child.init is not None:
                 # Before the handshake, so before any program can exist: what the host holds
                 # was handed over by the bootstrap alone.
-                namespace = await init.receive()
-                mark("namespace reported")
+                namespace = await child.receive_init()
             mechanisms = self.mechanisms()
             if leased.exclusive:
                 # A leased uid is this execution's alone; a fixed drop_to_uid is every one's.
                 mechanisms = mechanisms.model_copy(update={"exclusive_identity": True})
-            if init is not None and namespace is None:
+            if child.init is not None and namespace is None:
                 # Not handed over (no pidfds there): the namespace still dies with the outer
                 # process, but the host cannot kill or check it itself.
                 mechanisms = mechanisms.model_copy(update={"process_tree_boundary": False})
             # Where the program runs as an unprivileged uid it cannot leave its cgroup, so the
             # namespace's members are among the cgroup's processes (pid_namespace.wait_empty).
             candidates = cgroup.processes if cgroup is not None and identity is not None else None
+            child.candidates = candidates
             launched = _Launched(
-                process, channel, mechanisms, namespace, cgroup=cgroup, candidates=candidates
+                process, child.channel, mechanisms, namespace, cgroup=cgroup, candidates=candidates
             )
             launched.workspace_path = workspace
             yield launched
-        finally:
-            # Shielded: a cancelled run must still reap, close and remove its workspace.
-            with anyio.CancelScope(shield=True):
-                code_fds.close()  # not spawned: still the host's
-                late.close()  # not delivered: the child exits unstarted
-                if init is not None:
-                    await init.aclose(process, candidates)
-                if process is not None:
-                    await process.aclose()
-                await channel.aclose()
-                if cgroup is not None:
-                    # Stragglers in it (a daemon that left the group) are killed first. Its
-                    # removal is no proof for the lease: with no filesystem boundary a program
-                    # can have a process started under its uid outside the cgroup (through a
-                    # host service it reaches), which only the sweep's scan finds.
-                    await cgroup.remove()
-                # In a worker thread: a program can leave hundreds of thousands of files, and
-                # the event loop serves every other execution's clock meanwhile.
-                await anyio.to_thread.run_sync(remove_tree, workspace)
 
 
 class _Launched(ProcessLaunched[InheritedSocketChannel]):

@@ -96,7 +96,9 @@ class LaunchRequest:
 
 
 class Launched(ABC):
-    """A started child: its streams, its channel and its teardown."""
+    """A started child: its streams, its channel and its teardown. What a launch may offer
+    besides (usage while it runs, its processes noted, a relayed child's evidence) is a small
+    protocol of its own (capabilities.py), implemented only where the mechanism gives it."""
 
     mechanisms: Mechanisms
     stdout: ByteReceiveStream
@@ -110,10 +112,6 @@ class Launched(ABC):
     #: result are complete, finishing this launch's teardown afterwards (see pool.py). Only
     #: for a backend whose output streams carry exactly what the child wrote, in order.
     early_result_ok: bool = False
-    #: The uid of the host process a child that runs elsewhere runs beside (a relayed
-    #: child's service), as known by the handshake: its identity is graded against that
-    #: uid and this process's both. None: the child runs beside this process.
-    host_uid: int | None = None
     #: What to call once the result is handed back ahead of the teardown (see handed_back).
     _on_handed_back: tuple[Callable[[], None], ...] = ()
 
@@ -127,41 +125,6 @@ class Launched(ABC):
         teardown remains (called by the core, before the caller can go on)."""
         for callback in self._on_handed_back:
             callback()
-
-    def usage_so_far(self) -> tuple[float | None, int | None] | None:
-        """CPU seconds and peak memory of the child so far, read while it may still be
-        alive; None when this backend can only measure after teardown."""
-        return None
-
-    def before_program(self) -> bool:
-        """Note the processes the child has now, before its program runs (once: a prepared
-        child's are noted as it is graded, off the program's path); whether this backend can
-        later tell that only those remain (:meth:`only_processes_from_before`)."""
-        return False
-
-    def only_processes_from_before(self) -> bool:
-        """Whether every process of the child's tree now is one it had before its program
-        ran: none the program started is left to write to the workspace or to outlive the
-        result. False where the backend cannot tell."""
-        return False
-
-    def memory_bytes_now(self) -> int | None:
-        """The memory the child holds now, as the host measures it (its cgroup's count), or
-        None where this backend cannot measure it; a warm pool counts it against its
-        budget."""
-        return None
-
-    def connections_elsewhere(self) -> int:
-        """Connections to this execution's probe listeners that the backend saw where the
-        child runs (a relayed child's service has listeners of its own), asked after
-        ``finish``; counted with this host's own as evidence the network was reached."""
-        return 0
-
-    def unrelayed(self, stream: str) -> tuple[int, int]:
-        """Bytes and newlines of ``stream`` ("stdout" or "stderr") that the child wrote but
-        this launch did not hand over (a relay that forwards only a capped head and tail),
-        asked once the stream has ended; counted toward the result's totals."""
-        return (0, 0)
 
     @abstractmethod
     async def wait_exited(self) -> None:
@@ -194,7 +157,10 @@ Channel = TypeVar("Channel", bound=ChannelListener)
 class ProcessLaunched(Launched, Generic[Channel]):
     """A started child that is one local process tree (a :class:`ManagedProcess`): its
     streams are the process's, and it has exited when the process has. A subclass adds its
-    teardown (``terminate`` and ``finish``)."""
+    teardown (``terminate`` and ``finish``). Given the execution's cgroup it reads usage and
+    memory while the child lives and notes its processes (the :class:`UsageSoFar`,
+    :class:`MemoryNow` and :class:`ProcessesNoted` capabilities); without one, those answer
+    as unmeasured."""
 
     def __init__(
         self,

@@ -20,27 +20,31 @@ import anyio
 import pytest
 
 import psych_sandbox_core
+from psych_sandbox_core import backend_kit as shim
 from psych_sandbox_core import kit as backend_kit
 from psych_sandbox_core.kit import (
     Backend,
     BackendOptions,
     BackendUnavailable,
-    ExecutionIdentity,
     ExecutionLimits,
     ExitStatus,
-    IdentityRange,
     Launched,
     LaunchRequest,
-    LeasedIdentityBackend,
-    LeasedIdentityOptions,
     Level,
-    ManagedProcess,
     Mechanisms,
     ProbeTargets,
-    leased_identity,
+    relay,
     wait_started,
 )
-from psych_sandbox_core.kit.posix import identity
+from psych_sandbox_core.kit import posix as toolbox
+from psych_sandbox_core.kit.posix import (
+    ExecutionIdentity,
+    LeasedIdentityBackend,
+    LeasedIdentityOptions,
+    ManagedProcess,
+    identity,
+)
+from psych_sandbox_core.kit.posix.identity import IdentityRange, leased_identity
 from psych_sandbox_core.kit.posix.sweep import Swept
 from psych_sandbox_core.testing.leftovers import own_uid
 
@@ -53,6 +57,8 @@ else:
 
 GUIDE = ROOT / "docs" / "writing-a-backend.md"
 KIT = "psych_sandbox_core.kit"
+#: The kit's three modules: the contract, the local toolbox, the relay.
+KIT_MODULES = {KIT, f"{KIT}.posix", f"{KIT}.relay"}
 #: What a plugin that also serves this host's profiles to others imports besides the kit.
 SERVICE_KIT = "psych_sandbox_core.service_kit"
 #: The core's own modules a backend shipped inside the core may import besides the kit: the
@@ -114,7 +120,7 @@ def backend_modules() -> Iterator[tuple[str, Path]]:
 def test_backends_import_nothing_of_the_core_but_the_kit() -> None:
     breaches = []
     for module, path in backend_modules():
-        allowed = {KIT, SERVICE_KIT, *BUILTIN_OWN.get(module, ())}
+        allowed = {*KIT_MODULES, SERVICE_KIT, *BUILTIN_OWN.get(module, ())}
         for line, name in core_imports(path, module):
             if name not in allowed:
                 breaches.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
@@ -167,11 +173,113 @@ def test_every_backend_declares_the_kits_minor_series() -> None:
 
 def test_every_name_of_the_kit_resolves_and_is_documented() -> None:
     guide = GUIDE.read_text()
-    for name in backend_kit.__all__:
-        assert getattr(backend_kit, name) is not None
-        assert f"`{name}`" in guide, f"{name} is exported by the kit but not in the guide"
+    for module in (backend_kit, toolbox, relay):
+        for name in module.__all__:
+            assert getattr(module, name) is not None
+            assert f"`{name}`" in guide, f"{name} is exported by the kit but not in the guide"
     assert "Compatibility policy" in guide
     assert "Compatibility policy" in (backend_kit.__doc__ or "")
+
+
+#: What the 0.1 kit (``psych_sandbox_core.backend_kit``) exported: the shim keeps every name
+#: importable for the 0.2 series.
+KIT_0_1 = [
+    "AbortFrame",
+    "Backend",
+    "BackendOptions",
+    "BackendRegistrar",
+    "BackendUnavailable",
+    "ChannelListener",
+    "ChildInterpreter",
+    "ConfigurationError",
+    "DEFAULT_COUNT",
+    "DEFAULT_FIRST_UID",
+    "EXECUTION_CPU_SHARES",
+    "EmptyCgroup",
+    "ErrorKind",
+    "ExecutionCgroup",
+    "ExecutionIdentity",
+    "ExecutionLimits",
+    "ExitStatus",
+    "Guarantee",
+    "HANDSHAKE_CEILINGS",
+    "HANDSHAKE_SECONDS",
+    "HelloFrame",
+    "Hierarchy",
+    "IdentityRange",
+    "InheritedSocketChannel",
+    "InitReport",
+    "InterpreterNotFoundError",
+    "InterpreterOptions",
+    "KIT_VERSION",
+    "LateTerms",
+    "LaunchRequest",
+    "Launched",
+    "LeasedIdentityBackend",
+    "LeasedIdentityOptions",
+    "Level",
+    "LoopbackTokenChannel",
+    "MAX_HELLO_FRAME_BYTES",
+    "MAX_HOST_FRAME_BYTES",
+    "ManagedProcess",
+    "Mechanisms",
+    "PROTOCOL_VERSION",
+    "PassedFds",
+    "ProbeHarness",
+    "ProbeTargets",
+    "ProcessLaunched",
+    "RunFrame",
+    "SYSTEM_CANDIDATES",
+    "SocketByteStream",
+    "SubprocessBackend",
+    "SubprocessOptions",
+    "UnixSocketChannel",
+    "bootstrap_argv",
+    "bootstrap_source",
+    "cgroup_hierarchies",
+    "child_environment",
+    "create_workspace",
+    "decode_child_frame",
+    "decode_host_frame",
+    "execution_cgroup",
+    "grade",
+    "hookimpl",
+    "host_alive",
+    "host_is_root",
+    "interpreter_prefixes",
+    "leased_identity",
+    "level_at_least",
+    "make_owned_directory",
+    "mark",
+    "owner_of",
+    "owner_tag",
+    "read_some",
+    "reap_owned_directories",
+    "remove_cgroup_tree",
+    "remove_execution_cgroup",
+    "remove_tree",
+    "resolve_environment",
+    "resolve_interpreter",
+    "start_time",
+    "wait_started",
+]
+
+
+def test_the_former_kit_still_provides_every_name_it_had() -> None:
+    assert len(KIT_0_1) == 78
+    assert sorted(shim.__all__) == sorted(KIT_0_1)
+    for name in KIT_0_1:
+        found = getattr(shim, name)
+        # The same object as where it now lives, not a copy.
+        homes = [m for m in (backend_kit, toolbox, relay) if name in m.__all__]
+        for home in homes:
+            assert getattr(home, name) is found, name
+
+
+def test_the_contract_is_a_few_names_and_the_parts_do_not_overlap() -> None:
+    contract, local, relaying = (set(m.__all__) for m in (backend_kit, toolbox, relay))
+    assert len(contract) <= 30, sorted(contract)
+    assert not (contract & local or contract & relaying or local & relaying)
 
 
 # ---------------------------------------------------------------- declaring a backend
@@ -283,7 +391,7 @@ async def test_only_a_proof_spares_the_scan_for_processes(
     cgroup.mkdir()
     async with leased_identity(one_uid, lease=True) as held:
         held.proven_empty(None)  # no proof: nothing recorded
-        held.proven_empty(backend_kit.remove_execution_cgroup([cgroup]))
+        held.proven_empty(toolbox.remove_execution_cgroup([cgroup]))
     assert sweeps == [(one_uid.first, False)]
 
 

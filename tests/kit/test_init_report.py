@@ -22,14 +22,18 @@ import pytest
 from psych_sandbox_core.kit import (
     ExecutionLimits,
     InheritedSocketChannel,
-    InitReport,
     LaunchRequest,
-    ManagedProcess,
     ProbeTargets,
     bootstrap_argv,
-    bootstrap_source,
+)
+from psych_sandbox_core.kit.posix import (
+    InitReport,
+    ManagedProcess,
 )
 from psych_sandbox_core.kit.posix.pid_namespace import PidNamespace, _state_of, members
+from psych_sandbox_core.kit.relay import (
+    bootstrap_source,
+)
 from psych_sandbox_core.testing.host import wait_until
 
 pytestmark = [

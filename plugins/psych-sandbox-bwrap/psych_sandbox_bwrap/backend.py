@@ -38,32 +38,34 @@ from typing import Annotated
 
 import anyio
 from psych_sandbox_core.kit import (
-    SYSTEM_CANDIDATES,
     BackendRegistrar,
     BackendUnavailable,
     ConfigurationError,
     ErrorKind,
-    ExecutionCgroup,
-    ExecutionIdentity,
     ExitStatus,
     InheritedSocketChannel,
     InterpreterOptions,
-    LateTerms,
     Launched,
     LaunchRequest,
-    LeasedIdentityBackend,
-    LeasedIdentityOptions,
     Level,
-    ManagedProcess,
     Mechanisms,
-    PassedFds,
     ProcessLaunched,
     bootstrap_argv,
     child_environment,
-    execution_cgroup,
     hookimpl,
-    interpreter_prefixes,
+    spawn,
     wait_started,
+)
+from psych_sandbox_core.kit.posix import (
+    SYSTEM_CANDIDATES,
+    ExecutionCgroup,
+    ExecutionIdentity,
+    LateTerms,
+    LeasedIdentityBackend,
+    LeasedIdentityOptions,
+    ManagedProcess,
+    execution_cgroup,
+    interpreter_prefixes,
 )
 from pydantic import Field
 
@@ -334,64 +336,44 @@ class BwrapBackend(
     ) -> AsyncIterator[Launched]:
         if self.bwrap is None:
             raise BackendUnavailable(self.unavailable_reason() or "bubblewrap is missing")
-        channel = InheritedSocketChannel()
-        info_read, info_write = os.pipe()
-        process: ManagedProcess | None = None
-        launched: _Launched | None = None
-        cgroup: ExecutionCgroup | None = None
-        # The compiled bootstrap's memory file, if it comes in one (closed once spawned).
-        code_fds = PassedFds()
-        # The probe's targets are made once bubblewrap is spawned, while it sets up the
-        # sandbox and the interpreter starts, and handed to the bootstrap then. (The cgroup
-        # is joined before bubblewrap runs: it must hold bubblewrap's own processes too.)
-        late = LateTerms()
-        try:
+        # No workspace of the host's: bwrap mounts the child's own. The probe's targets are
+        # made once bubblewrap is spawned, while it sets up the sandbox and the interpreter
+        # starts, and handed to the bootstrap then (late terms).
+        async with spawn(workspace=False) as child:
+            info_read, info_write = os.pipe()
+            child.callback(os.close, info_read)
+            # bwrap's end, given at spawn and closed by the host once spawned.
+            child.passed_fds.append(info_write)
+            # The cgroup is joined before bwrap runs: it must hold bubblewrap's own processes
+            # too. Removed after the tree is gone (stragglers are killed first), the kernel's
+            # proof that the tree is gone spares the lease's sweep its scan of the host's
+            # processes; everything else it sweeps either way.
             cgroup = await self.execution_cgroup(request)
+            child.adopt_cgroup(cgroup, identity.proven_empty)
             os.set_blocking(info_read, False)
-            argv = self.command(request, channel.child_spec, info_write, code_fds, late)
+            argv = self.command(
+                request, child.channel.child_spec, info_write, child.passed_fds, child.late
+            )
             prefix = _spawn_prefix(identity.ids, cgroup)
-            try:
-                process = await ManagedProcess.spawn(
-                    [*prefix, *argv] if prefix is not None else argv,
-                    env={},
-                    cwd="/",
-                    pass_fds=(*channel.inherited_fds, info_write, *code_fds, late.child_fd),
-                    preexec_fn=_prepare(identity.ids, cgroup) if prefix is None else None,
-                )
-            except (OSError, subprocess.SubprocessError) as exc:
-                raise BackendUnavailable(f"could not start bubblewrap: {exc}") from exc
-            finally:
-                os.close(info_write)
-                late.after_spawn()
-                if cgroup is not None:
-                    cgroup.close_join_fds()
-                code_fds.close()
-            channel.after_spawn()
-            late.deliver(request.probe)
+            process = await child.start(
+                [*prefix, *argv] if prefix is not None else argv,
+                env={},
+                cwd="/",
+                failure="could not start bubblewrap",
+                preexec_fn=_prepare(identity.ids, cgroup) if prefix is None else None,
+            )
+            child.deliver(request.probe)
             launched = _Launched(
                 process,
-                channel,
+                child.channel,
                 self.mechanisms(cgroup),
                 cgroup,
                 self.memory_cgroup_bytes(request),
             )
+            # The namespace killed and seen empty before the process is reaped.
+            child.push_async_callback(launched.finish)
             await launched.started(info_read)
             yield launched
-        finally:
-            with anyio.CancelScope(shield=True):
-                code_fds.close()  # not spawned: still the host's
-                late.close()  # not delivered: the bootstrap exits unstarted
-                if launched is not None:
-                    await launched.finish()
-                if process is not None:
-                    await process.aclose()
-                await channel.aclose()
-                os.close(info_read)
-                if cgroup is not None:
-                    # After the tree is gone: stragglers are killed first, then it goes. The
-                    # kernel's proof that the tree is gone spares the lease's sweep its scan
-                    # of the host's processes; everything else it sweeps either way.
-                    identity.proven_empty(await cgroup.remove())
 
 
 class _Launched(ProcessLaunched[InheritedSocketChannel]):

@@ -23,7 +23,9 @@ from urllib.parse import quote, urlencode
 import anyio
 from anyio.abc import ByteReceiveStream, ByteStream
 from anyio.streams.buffered import BufferedByteReceiveStream
-from psych_sandbox_core.kit import SocketByteStream
+from psych_sandbox_core.kit.posix import (
+    SocketByteStream,
+)
 
 #: API version spoken. 1.40 (Docker 19.03) has every field this plugin sends; newer Docker
 #: engines accept it, and Podman's compatible API serves every version prefix.

@@ -34,27 +34,31 @@ from typing import Annotated, Literal
 import anyio
 from anyio.abc import ByteReceiveStream
 from psych_sandbox_core.kit import (
-    EXECUTION_CPU_SHARES,
     BackendRegistrar,
     BackendUnavailable,
     ConfigurationError,
     ErrorKind,
-    ExecutionIdentity,
     ExitStatus,
     Launched,
     LaunchRequest,
-    LeasedIdentityBackend,
-    LeasedIdentityOptions,
     Level,
     Mechanisms,
-    UnixSocketChannel,
+    MemoryNow,
+    UsageSoFar,
     bootstrap_argv,
     child_environment,
     hookimpl,
+    wait_started,
+)
+from psych_sandbox_core.kit.posix import (
+    EXECUTION_CPU_SHARES,
+    ExecutionIdentity,
+    LeasedIdentityBackend,
+    LeasedIdentityOptions,
+    UnixSocketChannel,
     make_owned_directory,
     mark,
     remove_tree,
-    wait_started,
 )
 from pydantic import Field, field_validator
 
@@ -609,7 +613,7 @@ class _OutputStream(ByteReceiveStream):
         self._demux.close(self._kind)
 
 
-class _Container(Launched):
+class _Container(Launched, UsageSoFar, MemoryNow):
     """One container, driven through the engine's API: created, attached, started, watched
     for its exit, then removed."""
 

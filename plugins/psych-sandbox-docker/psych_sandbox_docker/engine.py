@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from psych_sandbox_core import kit as backend_kit
-from psych_sandbox_core.kit import (
+from psych_sandbox_core.kit import posix as toolbox
+from psych_sandbox_core.kit.posix import (
     EmptyCgroup,
     host_alive,
     owner_of,
@@ -152,7 +152,7 @@ def cgroup_controllers() -> list[Path]:
 def cgroup_hierarchies() -> list[Path]:
     """Every mounted cgroup hierarchy, v1 and v2 alike: the runtime creates a container's
     cgroup in each of them (on a hybrid host, in the unified one too)."""
-    return [hierarchy.point for hierarchy in backend_kit.cgroup_hierarchies()]
+    return [hierarchy.point for hierarchy in toolbox.cgroup_hierarchies()]
 
 
 #: How often creating the per-execution parent may find the shared root just removed by
@@ -200,7 +200,7 @@ def dying_weight_files(name: str) -> list[tuple[Path, bytes]]:
     weight: its file in each hierarchy that weighs CPU there (found once, so that the write
     at the deadline is a write alone)."""
     found: list[tuple[Path, bytes]] = []
-    for hierarchy in backend_kit.cgroup_hierarchies():
+    for hierarchy in toolbox.cgroup_hierarchies():
         parent = hierarchy.point / CGROUP_ROOT / name
         if hierarchy.version == 2:
             weight = (parent / "cpu.weight", str(DYING_CPU_WEIGHT).encode())

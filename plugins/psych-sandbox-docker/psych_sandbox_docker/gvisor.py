@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from psych_sandbox_core.kit import BackendRegistrar, hookimpl
+from psych_sandbox_core.kit import (
+    BackendRegistrar,
+    hookimpl,
+)
 
 from .backend import GvisorBackend
 

@@ -13,7 +13,9 @@ import pytest
 from docker_support import PROFILE, RUNTIMES, config
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core._bindings.bindings import FunctionBindings
-from psych_sandbox_core.kit import EXECUTION_CPU_SHARES
+from psych_sandbox_core.kit.posix import (
+    EXECUTION_CPU_SHARES,
+)
 from psych_sandbox_core.kit.posix.cgroupfs import hierarchies
 from psych_sandbox_core.kit.posix.temp_dirs import owner_tag
 from psych_sandbox_core.testing.host import cgroup_directories

@@ -38,12 +38,14 @@ from psych_sandbox_core.kit import (
     Launched,
     LaunchRequest,
     Level,
-    ManagedProcess,
     Mechanisms,
     ProcessLaunched,
     child_environment,
-    create_workspace,
     hookimpl,
+)
+from psych_sandbox_core.kit.posix import (
+    ManagedProcess,
+    create_workspace,
     interpreter_prefixes,
     remove_tree,
 )

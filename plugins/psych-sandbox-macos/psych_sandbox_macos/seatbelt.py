@@ -30,7 +30,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from psych_sandbox_core.kit import ConfigurationError
+from psych_sandbox_core.kit import (
+    ConfigurationError,
+)
 
 #: Subtrees whose reads are denied: where a host keeps what a program must not read. Paths
 #: are the real ones (seatbelt matches resolved paths: /tmp is /private/tmp on macOS).

@@ -20,7 +20,6 @@ from contextlib import asynccontextmanager
 
 import anyio
 from psych_sandbox_core.kit import (
-    PROTOCOL_VERSION,
     Backend,
     BackendRegistrar,
     BackendUnavailable,
@@ -29,6 +28,9 @@ from psych_sandbox_core.kit import (
     LaunchRequest,
     Level,
     hookimpl,
+)
+from psych_sandbox_core.kit.relay import (
+    PROTOCOL_VERSION,
     level_at_least,
 )
 

@@ -30,6 +30,7 @@ from psych_sandbox_core.kit import (
     Launched,
     LaunchRequest,
     Mechanisms,
+    Relayed,
 )
 from pydantic import ValidationError
 
@@ -210,7 +211,7 @@ class _Channel(ChannelListener):
         await self._stream.aclose()
 
 
-class RemoteExecution(Launched):
+class RemoteExecution(Launched, Relayed):
     """One child on a service, as the core's host drives it."""
 
     def __init__(self, endpoint: Endpoint, options: RemoteOptions, request: LaunchRequest):
@@ -447,9 +448,6 @@ class RemoteExecution(Launched):
 
     def unrelayed(self, stream: str) -> tuple[int, int]:
         return self._unrelayed.get(stream, (0, 0))
-
-    def usage_so_far(self) -> tuple[float | None, int | None] | None:
-        return None
 
     async def terminate(self, grace_seconds: float) -> None:
         if self.failure is None and not self.ended.is_set():

@@ -6,7 +6,9 @@ import ipaddress
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from psych_sandbox_core.kit import BackendOptions
+from psych_sandbox_core.kit import (
+    BackendOptions,
+)
 from pydantic import Field, field_validator, model_validator
 
 from .stream import StreamCeilings

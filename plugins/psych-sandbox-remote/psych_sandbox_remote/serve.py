@@ -16,7 +16,13 @@ import sys
 from typing import Annotated
 
 import anyio
-from psych_sandbox_core.kit import HANDSHAKE_SECONDS, ConfigurationError, Level
+from psych_sandbox_core.kit import (
+    ConfigurationError,
+    Level,
+)
+from psych_sandbox_core.kit.relay import (
+    HANDSHAKE_SECONDS,
+)
 from psych_sandbox_core.service_kit import (
     BackendRegistry,
     DeploymentConfig,

@@ -24,10 +24,6 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteStream
 from anyio.streams.memory import MemoryObjectSendStream
 from psych_sandbox_core.kit import (
-    HANDSHAKE_SECONDS,
-    MAX_HOST_FRAME_BYTES,
-    PROTOCOL_VERSION,
-    AbortFrame,
     Backend,
     BackendUnavailable,
     ExecutionLimits,
@@ -35,9 +31,17 @@ from psych_sandbox_core.kit import (
     Launched,
     LaunchRequest,
     Level,
+)
+from psych_sandbox_core.kit.posix import (
+    SocketByteStream,
+)
+from psych_sandbox_core.kit.relay import (
+    HANDSHAKE_SECONDS,
+    MAX_HOST_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    AbortFrame,
     ProbeHarness,
     RunFrame,
-    SocketByteStream,
     bootstrap_source,
     decode_host_frame,
 )

@@ -12,7 +12,10 @@ import re
 from dataclasses import dataclass
 from typing import Annotated
 
-from psych_sandbox_core.kit import ConfigurationError, ExecutionLimits
+from psych_sandbox_core.kit import (
+    ConfigurationError,
+    ExecutionLimits,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 TOKENS_ENV = "PSYCH_SANDBOX_SERVE_TOKENS"

@@ -24,7 +24,11 @@ import base64
 import binascii
 from typing import Annotated, Literal
 
-from psych_sandbox_core.kit import ExecutionLimits, Level, Mechanisms
+from psych_sandbox_core.kit import (
+    ExecutionLimits,
+    Level,
+    Mechanisms,
+)
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 #: The version of this remote protocol (not the child's protocol, which the description

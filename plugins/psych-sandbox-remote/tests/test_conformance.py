@@ -8,7 +8,10 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
-from psych_sandbox_core.kit import DEFAULT_COUNT, DEFAULT_FIRST_UID
+from psych_sandbox_core.kit.posix import (
+    DEFAULT_COUNT,
+    DEFAULT_FIRST_UID,
+)
 from psych_sandbox_core.testing.conformance import BackendConformance
 from remote_support import TOKEN_ENV, new_token, requires_bwrap, serving
 

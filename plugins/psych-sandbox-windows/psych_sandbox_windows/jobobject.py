@@ -19,7 +19,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from psych_sandbox_core.kit import ExecutionLimits
+from psych_sandbox_core.kit import (
+    ExecutionLimits,
+)
 
 # JOBOBJECTINFOCLASS values.
 JOB_OBJECT_BASIC_UI_RESTRICTIONS = 4
