@@ -79,7 +79,8 @@ from .kit.posix import (
 from .kit.posix.cgroupfs import (
     Hierarchy,
 )
-from .kit.posix.identity import IdentityRange, host_is_root, leased_identity
+from .kit.posix.identity import IdentityRange, host_is_root
+from .kit.posix.leased import leased_identity
 from .kit.relay import (
     HANDSHAKE_CEILINGS,
     HANDSHAKE_SECONDS,

@@ -42,9 +42,10 @@ from psych_sandbox_core.kit.posix import (
     LeasedIdentityBackend,
     LeasedIdentityOptions,
     ManagedProcess,
-    identity,
+    retirement,
 )
-from psych_sandbox_core.kit.posix.identity import IdentityRange, leased_identity
+from psych_sandbox_core.kit.posix.identity import IdentityRange
+from psych_sandbox_core.kit.posix.leased import leased_identity
 from psych_sandbox_core.kit.posix.sweep import Swept
 from psych_sandbox_core.testing.leftovers import own_uid
 
@@ -345,13 +346,13 @@ def one_uid() -> Iterator[IdentityRange]:
 def sweeps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
     """Every sweep a retiring lease runs: (uid, whether it scanned for processes)."""
     done: list[tuple[int, bool]] = []
-    real = identity.sweep_together
+    real = retirement.sweep_together
 
     def recording(identities: Collection[Swept]) -> dict[int, OSError]:
         done.extend((one.uid, one.processes) for one in identities)
         return real(identities)
 
-    monkeypatch.setattr(identity, "sweep_together", recording)
+    monkeypatch.setattr(retirement, "sweep_together", recording)
     return done
 
 

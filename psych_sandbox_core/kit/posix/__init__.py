@@ -41,11 +41,10 @@ from .identity import (
     DEFAULT_COUNT,
     DEFAULT_FIRST_UID,
     EmptyCgroup,
-    ExecutionIdentity,
-    LeasedIdentityBackend,
     LeasedIdentityOptions,
     remove_execution_cgroup,
 )
+from .leased import ExecutionIdentity, LeasedIdentityBackend
 from .pid_namespace import InitReport
 from .process import ManagedProcess
 from .removal import remove_tree

@@ -25,7 +25,8 @@ runs under it and removes the state it could leave without a process (SysV IPC, 
 queues, files in shared directories, keyrings). Only kernel proof that no process can remain
 (:class:`EmptyCgroup`) skips the scan for processes; the rest of the sweep always runs. The
 uids of executions ending at the same time are swept together, in one pass over the host's
-tables (:class:`_Sweeps`), each as thoroughly as alone.
+tables, each as thoroughly as alone (retirement.py). A backend holds a lease through
+leased.py (:func:`~.leased.leased_identity`, :class:`~.leased.LeasedIdentityBackend`).
 """
 
 from __future__ import annotations
@@ -35,22 +36,18 @@ import os
 import stat
 import sys
 import tempfile
-import threading
-from abc import abstractmethod
-from collections.abc import AsyncIterator, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Annotated, Any, ClassVar, final
+from typing import Annotated, final
 
 import anyio
 from pydantic import Field
-from typing_extensions import TypeVar
 
 from ...errors import ConfigurationError
-from ..backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
-from ..phases import mark
-from .sweep import Swept, sweep, sweep_together
+from ..backend import BackendOptions, BackendUnavailable
+from .retirement import returns, sweeps
+from .sweep import sweep
 
 if sys.platform != "win32":  # POSIX identities; the module must still import on Windows
     import fcntl
@@ -160,7 +157,7 @@ class IdentityLease:
         """
         with anyio.CancelScope(shield=True):
             try:
-                await _sweeps.retire(self, processes=empty is None)
+                await sweeps.retire(self, processes=empty is None)
             except OSError:
                 return
 
@@ -178,248 +175,6 @@ class IdentityLease:
                     pass
             os.close(self._fd)  # closing drops the flock
             self._fd = -1
-
-
-@dataclass
-class ExecutionIdentity:
-    """The host uid and gid one execution runs as, and whether they are its alone."""
-
-    #: (uid, gid), or None where the backend runs the execution under no identity of its own.
-    ids: tuple[int, int] | None
-    #: True for a lease (no other execution holds the uid while this one runs); False for a
-    #: fixed identity every execution shares, or none.
-    exclusive: bool
-    _proof: EmptyCgroup | None = field(default=None, repr=False)
-    #: The range a lease came from, once its execution is over and it is on its way back.
-    _range: IdentityRange | None = field(default=None, repr=False)
-    _returning: bool = field(default=False, repr=False)
-
-    def returning(self) -> None:
-        """The execution is over (its result handed back): the lease only awaits its
-        teardown and retirement, and a lease from its range may wait for it."""
-        if self._range is not None and not self._returning:
-            self._returning = True
-            _returns.begin(self._range)
-
-    def proven_empty(self, proof: EmptyCgroup | None) -> None:
-        """Record the kernel's proof that no process of the execution remains (the removed
-        cgroup that held its whole tree): retiring the lease then skips the scan of the
-        host's processes. None records nothing."""
-        if proof is not None:
-            self._proof = proof
-
-
-@asynccontextmanager
-async def leased_identity(
-    identities: IdentityRange, *, lease: bool, fixed: tuple[int, int] | None = None
-) -> AsyncIterator[ExecutionIdentity]:
-    """The identity one execution runs as: ``fixed`` where the deployment configured one,
-    else a uid leased from ``identities`` where ``lease`` (a root host), else none.
-
-    Enter it before anything runs as the identity and leave it once the execution's whole
-    tree is gone: leaving retires the lease (sweeps the uid, then gives it back; shielded),
-    whatever happened inside. Leasing fails with BackendUnavailable when every uid of the
-    range is in use."""
-    if fixed is not None or not lease:
-        yield ExecutionIdentity(fixed, exclusive=False)
-        return
-    held = await identities.lease_for_execution()
-    identity = ExecutionIdentity((held.uid, held.gid), exclusive=True, _range=identities)
-    mark("identity leased")
-    try:
-        yield identity
-    finally:
-        identity.returning()
-        try:
-            await held.retire(identity._proof)
-        finally:
-            _returns.end(identities)
-        mark("identity retired")
-
-
-class _Returns:
-    """This process's leases being retired, by range and by the thread of the event loop
-    retiring them, and who waits there for one to come back (an event is set only on the
-    loop it was made on)."""
-
-    def __init__(self) -> None:
-        self._retiring: dict[tuple[IdentityRange, int], int] = {}
-        self._returned: dict[tuple[IdentityRange, int], int] = {}
-        self._waiting: dict[tuple[IdentityRange, int], list[anyio.Event]] = {}
-
-    def retiring(self, identities: IdentityRange) -> bool:
-        return self._retiring.get(_here(identities), 0) > 0
-
-    def count(self, identities: IdentityRange) -> int:
-        """How many leases of the range this loop has retired so far."""
-        return self._returned.get(_here(identities), 0)
-
-    async def wait(self, identities: IdentityRange) -> None:
-        """Return once a lease of the range was retired here (or failed to be)."""
-        event = anyio.Event()
-        self._waiting.setdefault(_here(identities), []).append(event)
-        await event.wait()
-
-    def begin(self, identities: IdentityRange) -> None:
-        key = _here(identities)
-        self._retiring[key] = self._retiring.get(key, 0) + 1
-
-    def end(self, identities: IdentityRange) -> None:
-        """A lease of the range, begun returning, was retired (or failed to be)."""
-        key = _here(identities)
-        self._retiring[key] -= 1
-        self._returned[key] = self._returned.get(key, 0) + 1
-        for event in self._waiting.pop(key, []):
-            event.set()
-
-
-def _here(identities: IdentityRange) -> tuple[IdentityRange, int]:
-    return identities, threading.get_ident()
-
-
-_returns = _Returns()
-
-
-class _Retiring:
-    """One lease waiting to be swept and given back, and why it could not be."""
-
-    def __init__(self, lease: IdentityLease, processes: bool) -> None:
-        self.lease = lease
-        self.swept = Swept(lease.uid, lease.gid, processes)
-        #: Set when the uid was swept (``finished``; ``failure`` says why not), or when its
-        #: caller is to sweep it itself, with every other uid waiting.
-        self.turn = anyio.Event()
-        self.finished = False
-        self.failure: OSError | None = None
-
-
-class _Sweeps:
-    """The uids this process retires, swept together: a sweep costs its passes over the
-    host's tables (every process, every shared directory entry), whatever the uids it looks
-    for, so one sweep at a time per event loop takes every uid that came to be retired
-    while the previous one ran (sweep.sweep_together). Each uid is swept exactly as alone,
-    and given back in the same worker thread (its lock file's removal is file system work,
-    which can stall, kept off the event loop)."""
-
-    def __init__(self) -> None:
-        self._waiting: dict[int, list[_Retiring]] = {}
-        self._sweeping: set[int] = set()
-
-    async def retire(self, lease: IdentityLease, *, processes: bool) -> None:
-        """Return once ``lease``'s uid was swept (its processes looked for, unless not
-        ``processes``) and given back; OSError if it could not be (then it stays leased)."""
-        loop = threading.get_ident()  # an event is set only on the loop it was made on
-        me = _Retiring(lease, processes)
-        self._waiting.setdefault(loop, []).append(me)
-        if loop not in self._sweeping:
-            self._sweeping.add(loop)
-            me.turn.set()
-        await me.turn.wait()
-        if not me.finished:
-            await self._sweep_waiting(loop)
-        if me.failure is not None:
-            raise me.failure
-
-    async def _sweep_waiting(self, loop: int) -> None:
-        """Sweep every uid waiting on this loop, then hand the next sweep to whoever came
-        meanwhile (the caller sweeping returns once its own uid is done)."""
-        batch = self._waiting.pop(loop)
-        failures: dict[int, OSError] | None = None
-        try:
-            failures = await anyio.to_thread.run_sync(_retire_together, batch)
-        finally:
-            for retiring in batch:
-                retiring.finished = True
-                retiring.failure = (
-                    OSError(f"the sweep of uid {retiring.swept.uid} did not finish")
-                    if failures is None
-                    else failures.get(retiring.swept.uid)
-                )
-                retiring.turn.set()
-            following = self._waiting.get(loop)
-            if following:
-                following[0].turn.set()
-            else:
-                self._sweeping.discard(loop)
-
-
-def _retire_together(batch: list[_Retiring]) -> dict[int, OSError]:
-    """Sweep the batch's uids together and give back each one swept (blocking); why each of
-    the others could not be."""
-    failures = sweep_together([retiring.swept for retiring in batch])
-    for retiring in batch:
-        if retiring.swept.uid not in failures:
-            try:
-                retiring.lease.release()
-            except OSError as exc:
-                failures[retiring.swept.uid] = exc
-    return failures
-
-
-_sweeps = _Sweeps()
-
-
-LeasedOptionsT = TypeVar(
-    "LeasedOptionsT", bound=LeasedIdentityOptions, default=LeasedIdentityOptions, covariant=True
-)
-
-
-class LeasedIdentityBackend(Backend[LeasedOptionsT], options=LeasedIdentityOptions):
-    """A backend whose executions each run as a host uid of their own on a root host.
-
-    It leases the identity around the launch, so the uid is held before anything runs as it
-    and retired (swept, then given back) once the whole tree is gone; a subclass implements
-    :meth:`launch_as` and starts the child as the identity it is given. A subclass that
-    offers a pair of settings for one identity every execution shares instead (the weaker
-    choice) names them with the ``shared_identity=("my_uid", "my_gid")`` class keyword.
-    """
-
-    #: The (uid, gid) settings naming the identity every execution shares, if offered.
-    shared_identity: ClassVar[tuple[str, str] | None] = None
-
-    def __init_subclass__(
-        cls, *, shared_identity: tuple[str, str] | None = None, **kwargs: Any
-    ) -> None:
-        super().__init_subclass__(**kwargs)
-        if shared_identity is not None:
-            cls.shared_identity = shared_identity
-
-    def __init__(self, options: LeasedOptionsT) -> None:
-        super().__init__(options)
-        self.is_root = host_is_root()
-        #: Executions run as an identity other than the host's: only a root host can start a
-        #: child as another uid, and the lease's sweep reads Linux's process and IPC tables.
-        self.drops_identity = self.is_root and sys.platform.startswith("linux")
-        #: The identity the deployment configured for every execution, or None (a subclass
-        #: whose children cannot take it here sets it to None).
-        self.fixed_identity = (
-            options.fixed_identity(*self.shared_identity) if self.shared_identity else None
-        )
-        self.identities = options.leasable_range(
-            leases=self.drops_identity and self.fixed_identity is None
-        )
-
-    @asynccontextmanager
-    async def launch(self, request: LaunchRequest) -> AsyncIterator[Launched]:
-        # Whatever still runs as the uid, and whatever it left on the host without a
-        # process, goes before the uid is reused: leaving the lease sweeps it.
-        async with (
-            leased_identity(
-                self.identities, lease=self.drops_identity, fixed=self.fixed_identity
-            ) as identity,
-            self.launch_as(_told(request, identity), identity) as launched,
-        ):
-            if isinstance(launched, Launched):
-                launched.when_handed_back(identity.returning)
-            yield launched
-
-    @abstractmethod
-    def launch_as(
-        self, request: LaunchRequest, identity: ExecutionIdentity
-    ) -> AbstractAsyncContextManager[Launched]:
-        """Start the child as ``identity`` (its ``ids`` are None where the execution runs as
-        no identity of its own). As ``launch``: leaving tears everything down, and the
-        whole tree must be gone by then, since the lease is retired next."""
 
 
 @dataclass(frozen=True)
@@ -449,7 +204,7 @@ class IdentityRange:
         execution (its result may already have been handed back): with every uid taken and
         one of them on its way back, this waits for it rather than fail."""
         while True:
-            returned = _returns.count(self)
+            returned = returns.count(self)
             try:
                 # Without a thread when nothing is to wait for (a few file operations,
                 # cheaper than the hand-over): a cursor another host holds, or a uid to
@@ -459,10 +214,10 @@ class IdentityRange:
                     return quick
                 return await anyio.to_thread.run_sync(self.lease)
             except IdentityExhausted as exc:
-                if not _returns.retiring(self):
+                if not returns.retiring(self):
                     raise BackendUnavailable(str(exc)) from exc
-                if _returns.count(self) == returned:
-                    await _returns.wait(self)
+                if returns.count(self) == returned:
+                    await returns.wait(self)
 
     def lease(self) -> IdentityLease:
         """The next free uid after the one this range handed out last (blocking)."""
@@ -631,10 +386,3 @@ def _lock_directory() -> str:
         + ", ".join(candidates)
         + ")"
     )
-
-
-def _told(request: LaunchRequest, identity: ExecutionIdentity) -> LaunchRequest:
-    """``request``, its host told the uid the child runs as where it has one."""
-    if identity.ids is not None:
-        request.runs_as(identity.ids[0])
-    return request

@@ -19,28 +19,28 @@ of this on the host, and the sweep finds nothing, cheaply. Blocking: run it in a
 What a sweep costs is its passes over the host's tables (every process's status, every entry
 of the shared directories), not the uid it looks for: :func:`sweep_together` sweeps the uids
 of several executions ending at once in one pass of each, every uid exactly as :func:`sweep`
-would (identity.py hands it the uids retiring together). One uid's failure is that uid's
-alone: the others are swept all the same.
+would (retirement.py hands it the uids retiring together). One uid's failure is that uid's
+alone: the others are swept all the same. What lives in the host's IPC namespace is found and
+removed by ipc_sweep.py.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import platform
-import queue
 import select
 import signal
 import stat
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
+from .ipc_sweep import failed, remove_message_queues, remove_sysv_ipc
+from .libc import c_library
 from .removal import DIRECTORY_FLAGS, remove_entry
 
 #: How long processes under the uid may take to die after SIGKILL before the sweep gives up
@@ -94,13 +94,8 @@ def sweep_together(identities: Collection[Swept]) -> dict[int, OSError]:
         except OSError as exc:
             # Not said whose it was: every uid the stage looked for stays unswept.
             for uid in concerned:
-                _failed(failures, uid, exc)
+                failed(failures, uid, exc)
     return failures
-
-
-def _failed(failures: dict[int, OSError], uid: int, exc: OSError) -> None:
-    """Record why ``uid`` could not be swept (its first reason is kept)."""
-    failures.setdefault(uid, exc)
 
 
 # ---------------------------------------------------------------- processes
@@ -124,7 +119,7 @@ def kill_processes_of(
         if time.monotonic() > deadline:
             for uid in set(owners.values()):
                 survivors = sorted(pid for pid, owner in owners.items() if owner == uid)
-                _failed(
+                failed(
                     failures,
                     uid,
                     OSError(
@@ -213,205 +208,6 @@ def _line(text: bytes, key: bytes) -> bytes | None:
     return text[start:] if end < 0 else text[start:end]
 
 
-# ---------------------------------------------------------------- SysV IPC
-
-IPC_RMID = 0
-
-
-def remove_sysv_ipc(
-    uids: Collection[int], groups: dict[int, int], failures: dict[int, OSError]
-) -> int:
-    """Remove every SysV object of the host's IPC namespace that one of ``uids`` owns or
-    created (the creator cannot be changed, the owner can be given away), or one of the
-    ``groups`` (gid to its uid) does. Returns how many were removed. Objects in an IPC
-    namespace of the program's own died with it."""
-    if not uids:
-        return 0
-    libc = _libc()
-    removed = 0
-    for kind in ("shm", "msg", "sem"):
-        for ident, uid in _sysv_objects(kind, uids, groups):
-            if kind == "shm":
-                status = libc.shmctl(ident, IPC_RMID, None)
-            elif kind == "msg":
-                status = libc.msgctl(ident, IPC_RMID, None)
-            else:
-                status = libc.semctl(ident, 0, IPC_RMID)
-            if status != 0:
-                code = ctypes.get_errno()
-                if code in (errno.EINVAL, errno.EIDRM):
-                    continue  # already gone
-                _failed(
-                    failures,
-                    uid,
-                    OSError(code, f"could not remove SysV {kind} {ident} of uid {uid}"),
-                )
-                continue
-            removed += 1
-    return removed
-
-
-def _sysv_objects(
-    kind: str, uids: Collection[int], groups: dict[int, int]
-) -> list[tuple[int, int]]:
-    """The objects of ``kind`` one of ``uids`` or ``groups`` owns or created, each with the
-    uid it is swept for."""
-    try:
-        with open(f"/proc/sysvipc/{kind}") as fh:
-            header, *rows = fh.read().splitlines()
-    except (OSError, ValueError):
-        return []
-    columns = {name: index for index, name in enumerate(header.split())}
-    found = []
-    for row in rows:
-        fields = row.split()
-        try:
-            owners = (int(fields[columns["uid"]]), int(fields[columns["cuid"]]))
-            owning_groups = (int(fields[columns["gid"]]), int(fields[columns["cgid"]]))
-            ident = int(fields[1])  # shmid, msqid or semid
-        except (KeyError, IndexError, ValueError):
-            continue
-        swept_for = [uid for uid in owners if uid in uids]
-        swept_for += [groups[gid] for gid in owning_groups if gid in groups]
-        if swept_for:
-            found.append((ident, swept_for[0]))
-    return found
-
-
-# ---------------------------------------------------------------- POSIX message queues
-
-CLONE_FS = 0x200
-CLONE_NEWNS = 0x20000
-MS_REC = 0x4000
-MS_PRIVATE = 1 << 18
-#: Where the queue filesystem is mounted, inside a mount namespace private to one thread.
-_QUEUE_MOUNT_POINT = b"/dev"
-#: How long the thread that sweeps queues waits for another sweep before it exits.
-QUEUE_SWEEPER_LINGER_SECONDS = 5.0
-
-
-def remove_message_queues(uids: Collection[int], failures: dict[int, OSError]) -> int:
-    """Unlink the POSIX message queues of ``uids`` in the host's IPC namespace; how many.
-
-    Queues are only listed through an mqueue filesystem, which hosts often do not mount. One
-    thread mounts one in a mount namespace of its own (made private first, so nothing
-    propagates to the host's) and sweeps for every caller; the mount ends with the thread,
-    which exits once no sweep came for QUEUE_SWEEPER_LINGER_SECONDS. 0 where mounting is not
-    allowed (no CAP_SYS_ADMIN): such a host is documented as not sweeping queues.
-    """
-    if not uids:
-        return 0
-    return _queue_sweeper.sweep(uids, failures)
-
-
-@dataclass
-class _QueueSweep:
-    uids: Collection[int]
-    failures: dict[int, OSError]
-    outcome: int | BaseException = 0
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-class _QueueSweeper:
-    """The thread behind :func:`remove_message_queues`, started by the first sweep after it
-    exited. Mounting for every sweep instead (a thread, a copy of the host's mount table and
-    its teardown) cost more than everything else a sweep does together. The thread, not a
-    descriptor of its mount handed out, does the listing: nothing of it stays in the host's
-    descriptor table between sweeps."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sweeps: queue.SimpleQueue[_QueueSweep] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def sweep(self, uids: Collection[int], failures: dict[int, OSError]) -> int:
-        request = _QueueSweep(uids, failures)
-        with self._lock:
-            if self._thread is None:
-                thread = threading.Thread(
-                    target=self._run, name="psych-sandbox-mqueue-sweep", daemon=True
-                )
-                try:
-                    thread.start()
-                except RuntimeError as exc:  # no thread to be had: the uid is not swept
-                    raise OSError(f"no thread to sweep message queues with: {exc}") from None
-                self._thread = thread
-            self._sweeps.put(request)
-        request.done.wait()
-        if isinstance(request.outcome, BaseException):
-            raise request.outcome
-        return request.outcome
-
-    def _run(self) -> None:
-        mounted: bool | BaseException
-        try:
-            libc = _libc()
-            mounted = (
-                libc.unshare(CLONE_NEWNS | CLONE_FS) == 0
-                and libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
-                and libc.mount(b"mqueue", _QUEUE_MOUNT_POINT, b"mqueue", 0, None) == 0
-            )
-        except BaseException as exc:  # handed to each caller
-            mounted = exc
-        while True:
-            try:
-                request = self._sweeps.get(timeout=QUEUE_SWEEPER_LINGER_SECONDS)
-            except queue.Empty:
-                with self._lock:
-                    # A sweep put after the wait timed out is still served: the lock orders
-                    # its arrival before this check or after the thread is gone.
-                    if self._sweeps.empty():
-                        self._thread = None
-                        return
-                continue
-            try:
-                if mounted is True:
-                    fd = os.open(_QUEUE_MOUNT_POINT, DIRECTORY_FLAGS)
-                    try:
-                        request.outcome = _remove_owned_queues(fd, request.uids, request.failures)
-                    finally:
-                        os.close(fd)
-                else:
-                    request.outcome = 0 if mounted is False else mounted
-            except BaseException as exc:  # handed to the caller's thread
-                request.outcome = exc
-            finally:
-                request.done.set()
-
-
-_queue_sweeper = _QueueSweeper()
-
-
-def _forget_queue_sweeper() -> None:
-    # A forked child has no such thread, and the lock may have been held at the fork.
-    global _queue_sweeper
-    _queue_sweeper = _QueueSweeper()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_queue_sweeper)
-
-
-def _remove_owned_queues(fd: int, uids: Collection[int], failures: dict[int, OSError]) -> int:
-    removed = 0
-    for name in os.listdir(fd):
-        try:
-            owner = os.stat(name, dir_fd=fd, follow_symlinks=False).st_uid
-        except FileNotFoundError:
-            continue
-        if owner not in uids:
-            continue
-        try:
-            os.unlink(name, dir_fd=fd)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            _failed(failures, owner, exc)
-            continue
-        removed += 1
-    return removed
-
-
 # ---------------------------------------------------------------- shared directories
 
 
@@ -468,7 +264,7 @@ def _remove_owned(
             try:
                 remove_entry(dir_fd, name)
             except OSError as exc:
-                _failed(failures, info.st_uid, exc)
+                failed(failures, info.st_uid, exc)
                 continue
             removed += 1
         elif stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_IWOTH and depth < SHARED_DEPTH:
@@ -506,7 +302,7 @@ def clear_keyrings_of(uids: Collection[int], failures: dict[int, OSError]) -> No
         try:
             clear_keyrings(uid)
         except OSError as exc:
-            _failed(failures, uid, exc)
+            failed(failures, uid, exc)
 
 
 def clear_keyrings(uid: int) -> bool:
@@ -524,7 +320,7 @@ def clear_keyrings(uid: int) -> bool:
     if numbers is None:
         return False
     keyctl, setresuid = numbers
-    libc = _libc()
+    libc = c_library()
     failure: list[BaseException] = []
 
     def as_uid() -> None:
@@ -579,10 +375,3 @@ def keyed(uids: Collection[int]) -> list[int]:
     except OSError:
         return []
     return [uid for uid in uids if str(uid).encode() in listed]
-
-
-@lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL:
-    if not sys.platform.startswith("linux"):
-        raise OSError(errno.ENOSYS, "the uid sweep needs Linux")
-    return ctypes.CDLL(None, use_errno=True)

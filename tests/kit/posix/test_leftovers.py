@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from psych_sandbox_core import Sandbox
+from psych_sandbox_core.kit.posix import ipc_sweep
 from psych_sandbox_core.kit.posix import sweep as sweep_module
 from psych_sandbox_core.kit.posix.sweep import clear_keyrings, has_keys, sweep
 from psych_sandbox_core.testing.host import open_fds
@@ -145,7 +146,7 @@ def test_queues_are_swept_through_a_mount_the_host_never_sees(
     # One thread mounts the queue filesystem in a namespace of its own and sweeps while
     # sweeps come, then exits; the next sweep mounts again. Queues are swept either way, and
     # the host's mount table and descriptors never show the mount.
-    monkeypatch.setattr(sweep_module, "QUEUE_SWEEPER_LINGER_SECONDS", 0.2)
+    monkeypatch.setattr(ipc_sweep, "QUEUE_SWEEPER_LINGER_SECONDS", 0.2)
     mounts_before = queue_mounts()
     fds_before = open_fds()
     mark = marker("psych-left")
@@ -156,7 +157,7 @@ def test_queues_are_swept_through_a_mount_the_host_never_sees(
                 assert "mqueue" in host_leftovers(mark, one_uid)
                 sweep(one_uid, one_uid)
                 assert "mqueue" not in host_leftovers(mark, one_uid)
-        thread = sweep_module._queue_sweeper._thread
+        thread = ipc_sweep._queue_sweeper._thread
         assert thread is not None
         thread.join(timeout=30)
         assert not thread.is_alive()
@@ -176,7 +177,7 @@ def test_a_queue_sweep_without_a_thread_keeps_the_uid_unswept(
 ) -> None:
     # No thread to be had (the host at its thread limit): the uid is reported unswept, so it
     # stays leased, rather than the sweep raising something else or waiting for ever.
-    monkeypatch.setattr(sweep_module, "_queue_sweeper", sweep_module._QueueSweeper())
+    monkeypatch.setattr(ipc_sweep, "_queue_sweeper", ipc_sweep._QueueSweeper())
 
     def refused(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")

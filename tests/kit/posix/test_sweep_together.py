@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from psych_sandbox_core.kit.posix import identity
+from psych_sandbox_core.kit.posix import identity, retirement
 from psych_sandbox_core.kit.posix.sweep import Swept, sweep_together
 from psych_sandbox_core.testing.leftovers import (
     host_leftovers,
@@ -99,8 +99,8 @@ async def test_uids_retiring_while_a_sweep_runs_are_swept_together_in_the_next(
         failing = [one.uid for one in identities if one.uid == third]
         return {uid: OSError("could not") for uid in failing}
 
-    monkeypatch.setattr(identity, "sweep_together", swept_together)
-    sweeps = identity._Sweeps()
+    monkeypatch.setattr(retirement, "sweep_together", swept_together)
+    sweeps = retirement._Sweeps()
     outcomes: dict[int, str] = {}
 
     def held(uid: int) -> identity.IdentityLease:
