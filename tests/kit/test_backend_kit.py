@@ -6,6 +6,7 @@ real (leases from a one-uid range, a launcher that dies before its bootstrap spe
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import random
 import select
@@ -564,3 +565,184 @@ async def test_a_process_is_asked_to_end_once() -> None:
         assert output == b"RTUE"
     finally:
         await process.aclose()
+
+
+# ---------------------------------------------------------------- plugins' tests
+
+#: What a plugin's tests import of the core besides its public API: the kit, and the test kit
+#: (``psych_sandbox_core.testing``, or the ``psych_sandbox_testing`` distribution it becomes).
+TEST_KITS = ("psych_sandbox_core.testing", "psych_sandbox_testing")
+#: The plugins that also serve this host's profiles to others, whose tests may import the
+#: service kit as their sources do.
+SERVING = {"psych-sandbox-remote"}
+
+
+def plugin_test_files() -> Iterator[tuple[Path, Path]]:
+    for project in plugin_projects():
+        for path in sorted((project / "tests").glob("*.py")):
+            yield project, path
+
+
+def plugin_test_breaches(path: Path, serving: bool = False) -> list[tuple[int, str]]:
+    """(line, what) of every import in ``path`` of the core that is neither the kit, the
+    test kit, the service kit (where ``serving``) nor a name of the core's public API."""
+    allowed = (*TEST_KITS, *((SERVICE_KIT,) if serving else ()))
+    public = {*psych_sandbox_core.__all__, "__version__"}
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules = [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            modules = [(node.module, alias.name) for alias in node.names]
+        else:
+            continue
+        for module, name in modules:
+            if module.split(".")[0] not in ("psych_sandbox_core", "psych_sandbox_testing"):
+                continue
+            if module in KIT_MODULES:
+                # The kit's three modules, by the names they export (not their insides).
+                if name is None or name in importlib.import_module(module).__all__:
+                    continue
+            elif any(module == ok or module.startswith(f"{ok}.") for ok in allowed):
+                continue
+            if module == "psych_sandbox_core" and name is not None:
+                if name in public or f"psych_sandbox_core.{name}" in (*KIT_MODULES, *allowed):
+                    continue
+                found.append((node.lineno, f"psych_sandbox_core.{name}"))
+            else:
+                found.append((node.lineno, module if name is None else f"{module}.{name}"))
+    return sorted(found)
+
+
+#: Plugin tests that still import past the kit, the test kit and the public API, each to be
+#: removed by the change that gives the test what it needs in the right place (the test
+#: below fails once one no longer occurs, so the list only shrinks): (file, what, why).
+KNOWN_TEST_BREACHES: list[tuple[str, str, str]] = [
+    *(
+        (path, "psych_sandbox_core.cli.main", "runs the command in-process (doctor, run)")
+        for path in (
+            "psych-sandbox-bwrap/tests/test_artifacts_channel.py",
+            "psych-sandbox-macos/tests/test_backend.py",
+            "psych-sandbox-windows/tests/test_backend.py",
+        )
+    ),
+    *(
+        (path, "psych_sandbox_core.kit.posix.cgroups", "whether this host makes cgroups")
+        for path in (
+            "psych-sandbox-bwrap/tests/test_containment.py",
+            "psych-sandbox-bwrap/tests/test_leftovers.py",
+            "psych-sandbox-bwrap/tests/test_usage.py",
+        )
+    ),
+    (
+        "psych-sandbox-bwrap/tests/test_leftovers.py",
+        "psych_sandbox_core.kit.posix.identity.IdentityLease",
+        "records the proof each lease is retired with",
+    ),
+    *(
+        (path, what, "backend selection and its trials, the test kit's to give")
+        for path in (
+            "psych-sandbox-bwrap/tests/test_selection.py",
+            "psych-sandbox-docker/tests/test_selection.py",
+        )
+        for what in (
+            "psych_sandbox_core._policy.trials",
+            "psych_sandbox_core._policy.registry.BackendRegistry",
+        )
+    ),
+    (
+        "psych-sandbox-bwrap/tests/as_user.py",
+        "psych_sandbox_core._policy.trials.availability",
+        "backend selection and its trials, the test kit's to give",
+    ),
+    *(
+        (path, what, "loading a profile's backend and checking a configuration")
+        for path in (
+            "psych-sandbox-macos/tests/test_backend.py",
+            "psych-sandbox-windows/tests/test_backend.py",
+        )
+        for what in (
+            "psych_sandbox_core._policy.config.config_problems",
+            "psych_sandbox_core._policy.registry.BackendRegistry",
+        )
+    ),
+    *(
+        (
+            "psych-sandbox-docker/tests/test_bootstrap_files.py",
+            f"psych_sandbox_core.child.loader.{name}",
+            "the compiled bootstrap's files in an image's run directory",
+        )
+        for name in ("CODE_FILE", "SOURCE_FILE", "directory_arguments")
+    ),
+    *(
+        (path, "psych_sandbox_core.kit.phases.recording", "where a launch's time goes")
+        for path in (
+            "psych-sandbox-docker/tests/test_early_result.py",
+            "psych-sandbox-docker/tests/test_host_kill.py",
+        )
+    ),
+    (
+        "psych-sandbox-docker/tests/test_early_result.py",
+        "psych_sandbox_core.kit.posix.identity._lock_directory",
+        "reads the identity leases held",
+    ),
+    (
+        "psych-sandbox-docker/tests/test_leftovers.py",
+        "psych_sandbox_core.kit.posix.sweep.has_keys",
+        "whether a uid has keys left",
+    ),
+    (
+        "psych-sandbox-remote/tests/test_serve.py",
+        "psych_sandbox_core.protocol.limits.MAX_INPUT_BYTES",
+        "the protocol's input ceiling",
+    ),
+    (
+        "psych-sandbox-windows/tests/test_backend.py",
+        "psych_sandbox_core.kit.channel.FrameChannel",
+        "speaks frames to the child over the token channel",
+    ),
+]
+
+
+def test_plugin_tests_import_the_kit_the_test_kit_and_the_public_api_only() -> None:
+    found = {
+        (str(path.relative_to(ROOT / "plugins")), name)
+        for project, path in plugin_test_files()
+        for _, name in plugin_test_breaches(path, serving=project.name in SERVING)
+        if project.parent.name == "plugins"
+    } | {
+        (str(path.relative_to(ROOT)), name)
+        for project, path in plugin_test_files()
+        for _, name in plugin_test_breaches(path)
+        if project.parent.name != "plugins"
+    }
+    known = {(path, what) for path, what, _ in KNOWN_TEST_BREACHES}
+    assert sorted(found - known) == [], "plugin tests import past the kit"
+    assert sorted(known - found) == [], "no longer imported: remove from KNOWN_TEST_BREACHES"
+
+
+def test_the_plugin_test_rule_catches_a_breach(tmp_path: Path) -> None:
+    planted = tmp_path / "test_planted.py"
+    planted.write_text(
+        "from psych_sandbox_core import Sandbox, backend_kit\n"
+        "from psych_sandbox_core.kit import spawn\n"
+        "from psych_sandbox_core.kit.posix import identity\n"
+        "from psych_sandbox_core.testing.host import marker\n"
+        "from psych_sandbox_testing import conformance\n"
+        "from psych_sandbox_core.service_kit import availability\n"
+        "def later():\n"
+        "    from psych_sandbox_core._policy.registry import BackendRegistry\n"
+        "    import psych_sandbox_core.result\n"
+    )
+    assert plugin_test_breaches(planted) == [
+        (1, "psych_sandbox_core.backend_kit"),
+        # The kit's modules by the names they export, not their insides.
+        (3, "psych_sandbox_core.kit.posix.identity"),
+        (6, "psych_sandbox_core.service_kit.availability"),
+        (8, "psych_sandbox_core._policy.registry.BackendRegistry"),
+        (9, "psych_sandbox_core.result"),
+    ]
+    # A serving plugin's tests may import the service kit, as its sources do.
+    assert (6, "psych_sandbox_core.service_kit.availability") not in plugin_test_breaches(
+        planted, serving=True
+    )

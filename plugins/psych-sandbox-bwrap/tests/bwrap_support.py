@@ -8,8 +8,13 @@ import shutil
 from typing import Any
 
 import pytest
-from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core.result import ExecutionResult
+from psych_sandbox_core import (
+    DeploymentConfig,
+    ExecutionLimits,
+    ExecutionResult,
+    ProfileConfig,
+    Sandbox,
+)
 
 # Host-side probes and requirement handling shared with every backend's tests.
 from psych_sandbox_core.testing.host import (  # noqa: F401

@@ -10,9 +10,15 @@ from pathlib import Path
 
 import pytest
 from bwrap_support import FAST_LIMITS, PROFILE, requires_bwrap
-from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core._output.capture import OutputPolicy
-from psych_sandbox_core.errors import ConfigurationError, ErrorKind
+from psych_sandbox_core import (
+    ConfigurationError,
+    DeploymentConfig,
+    ErrorKind,
+    ExecutionLimits,
+    OutputPolicy,
+    ProfileConfig,
+    Sandbox,
+)
 from psych_sandbox_core.testing.environments import (
     IMPORT_TINY,
     MATPLOTLIB_CHART,

@@ -22,10 +22,9 @@ from bwrap_support import (
     run,
     skip_unless_required,
 )
-from psych_sandbox_core import Sandbox
+from psych_sandbox_core import ConfigurationError, Sandbox
 from psych_sandbox_core._policy import trials as trials_module
 from psych_sandbox_core._policy.registry import BackendRegistry
-from psych_sandbox_core.errors import ConfigurationError
 from psych_sandbox_core.testing.as_user import SYSTEM_PYTHON, staged_environment, unprivileged_user
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]

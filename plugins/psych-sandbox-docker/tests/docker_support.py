@@ -11,9 +11,14 @@ import subprocess
 from typing import Any
 
 import pytest
-from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core.kit.posix.identity import DEFAULT_COUNT, DEFAULT_FIRST_UID
-from psych_sandbox_core.result import ExecutionResult
+from psych_sandbox_core import (
+    DeploymentConfig,
+    ExecutionLimits,
+    ExecutionResult,
+    ProfileConfig,
+    Sandbox,
+)
+from psych_sandbox_core.kit.posix import DEFAULT_COUNT, DEFAULT_FIRST_UID
 
 # Host-side probes and requirement handling shared with every backend's tests.
 from psych_sandbox_core.testing.host import (  # noqa: F401

@@ -13,12 +13,8 @@ from pathlib import Path
 
 import pytest
 from docker_support import RUNTIMES, run
-from psych_sandbox_core.child.loader import (
-    CODE_FILE,
-    SOURCE_FILE,
-    bootstrap_source,
-    directory_arguments,
-)
+from psych_sandbox_core.child.loader import CODE_FILE, SOURCE_FILE, directory_arguments
+from psych_sandbox_core.kit.relay import bootstrap_source
 
 import psych_sandbox_docker.backend as docker_backend
 

@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 from docker_support import PROFILE, RUNTIMES, config
-from psych_sandbox_core import Sandbox
-from psych_sandbox_core._bindings.bindings import FunctionBindings
+from psych_sandbox_core import FunctionBindings, Sandbox
 from psych_sandbox_core.kit.posix import (
     EXECUTION_CPU_SHARES,
+    owner_tag,
 )
-from psych_sandbox_core.kit.posix.cgroupfs import hierarchies
-from psych_sandbox_core.kit.posix.temp_dirs import owner_tag
+from psych_sandbox_core.kit.posix import cgroup_hierarchies as hierarchies
 from psych_sandbox_core.testing.host import cgroup_directories
 from psych_sandbox_core.testing.programs import cgroups_of_one_execution
 

@@ -16,10 +16,9 @@ from docker_support import (
     leftover_containers,
     live_in_containers,
 )
-from psych_sandbox_core import DeploymentConfig, ErrorKind, Sandbox
+from psych_sandbox_core import DeploymentConfig, ErrorKind, ExecutionResult, Sandbox
 from psych_sandbox_core.kit.phases import recording
 from psych_sandbox_core.kit.posix.identity import _lock_directory
-from psych_sandbox_core.result import ExecutionResult
 from psych_sandbox_core.testing.conformance import DAEMON
 from psych_sandbox_core.testing.host import marker, pids_with
 

@@ -14,9 +14,14 @@ from pathlib import Path
 
 import pytest
 from docker_support import FAST_LIMITS, PROFILE, RUNTIMES
-from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core._output.capture import OutputPolicy
-from psych_sandbox_core.errors import ErrorKind
+from psych_sandbox_core import (
+    DeploymentConfig,
+    ErrorKind,
+    ExecutionLimits,
+    OutputPolicy,
+    ProfileConfig,
+    Sandbox,
+)
 from psych_sandbox_core.testing.environments import (
     IMPORT_TINY,
     MATPLOTLIB_CHART,

@@ -8,10 +8,9 @@ import sys
 
 import pytest
 from docker_support import PROFILE, config, run
-from psych_sandbox_core import Sandbox
+from psych_sandbox_core import ConfigurationError, Sandbox
 from psych_sandbox_core._policy import trials as trials_module
 from psych_sandbox_core._policy.registry import BackendRegistry
-from psych_sandbox_core.errors import ConfigurationError
 
 from psych_sandbox_docker import engine as eng
 from psych_sandbox_docker.image import DEFAULT_TAG

@@ -11,11 +11,10 @@ import sys
 from typing import Any
 
 import pytest
+from psych_sandbox_core import DeploymentConfig, Grade, Guarantee, Level, ProfileConfig, level_of
 from psych_sandbox_core._policy.config import config_problems
-from psych_sandbox_core._policy.profiles import DeploymentConfig, ProfileConfig
 from psych_sandbox_core._policy.registry import BackendRegistry
-from psych_sandbox_core.grading import Grade, Guarantee, Level, grade, level_of
-from psych_sandbox_core.protocol.frames import ContainmentReport
+from psych_sandbox_core.kit.relay import ContainmentReport, grade
 
 from psych_sandbox_macos.backend import MacosBackend
 

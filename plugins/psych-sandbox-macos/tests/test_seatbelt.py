@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from psych_sandbox_core.errors import ConfigurationError
+from psych_sandbox_core import ConfigurationError
 from sbpl import allowed, rules
 
 from psych_sandbox_macos.seatbelt import (

@@ -19,10 +19,15 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
-from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core.grading import Level
-from psych_sandbox_core.protocol import PROTOCOL_VERSION
-from psych_sandbox_core.result import ExecutionResult
+from psych_sandbox_core import (
+    DeploymentConfig,
+    ExecutionLimits,
+    ExecutionResult,
+    Level,
+    ProfileConfig,
+    Sandbox,
+)
+from psych_sandbox_core.kit.relay import PROTOCOL_VERSION
 from psych_sandbox_core.testing.requirements import skip_unless_required  # noqa: F401
 
 from psych_sandbox_remote.wire import REMOTE_PROTOCOL_VERSION, Description
@@ -298,8 +303,7 @@ def heartbeat(execution: str = "a" * 32) -> bytes:
 
 def hello(euid: int, **report: Any) -> bytes:
     """A child's hello frame with a report as a contained child would give (bar ``report``)."""
-    from psych_sandbox_core.protocol import HelloFrame
-    from psych_sandbox_core.protocol.frames import ContainmentReport
+    from psych_sandbox_core.kit.relay import ContainmentReport, HelloFrame
 
     data: dict[str, Any] = {
         "uid": euid,

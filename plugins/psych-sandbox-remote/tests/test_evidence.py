@@ -9,8 +9,8 @@ service are checked by the conformance suite's exact byte count."""
 from __future__ import annotations
 
 import pytest
-from psych_sandbox_core.kit.backend import LaunchRequest, ProbeTargets
-from psych_sandbox_core.terms import ExecutionLimits
+from psych_sandbox_core import ExecutionLimits
+from psych_sandbox_core.kit import LaunchRequest, ProbeTargets
 from pydantic import ValidationError
 from remote_support import started
 

@@ -13,9 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from psych_sandbox_core.errors import ErrorKind
-from psych_sandbox_core.grading import Level
-from psych_sandbox_core.result import ExecutionResult
+from psych_sandbox_core import ErrorKind, ExecutionResult, Level
 from remote_support import (
     TOKEN_ENV,
     Hostile,
@@ -246,7 +244,7 @@ async def test_a_description_that_is_not_enough_refuses_locally() -> None:
     assert "nothing was sent" in failed(result, ErrorKind.ISOLATION_UNAVAILABLE)
     assert "POST /v1/executions" not in weak.requests
 
-    from psych_sandbox_core.terms import ExecutionLimits
+    from psych_sandbox_core import ExecutionLimits
 
     small = Hostile(
         unused, describe=lambda _: (200, description(limits=ExecutionLimits(cpu_seconds=5)))

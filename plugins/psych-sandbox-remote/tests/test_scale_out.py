@@ -10,10 +10,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from psych_sandbox_core import Sandbox
-from psych_sandbox_core._bindings.bindings import FunctionBindings
-from psych_sandbox_core.errors import ErrorKind
-from psych_sandbox_core.result import ExecutionResult
+from psych_sandbox_core import ErrorKind, ExecutionResult, FunctionBindings, Sandbox
 from remote_support import (
     PROFILE,
     TOKEN_ENV,

@@ -15,13 +15,15 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from psych_sandbox_core import ProfileConfig
-from psych_sandbox_core._bindings.bindings import FunctionBindings
-from psych_sandbox_core._policy.profiles import DeploymentConfig
-from psych_sandbox_core.budgets import BindingBudgets
-from psych_sandbox_core.errors import ErrorKind
+from psych_sandbox_core import (
+    BindingBudgets,
+    DeploymentConfig,
+    ErrorKind,
+    ExecutionLimits,
+    FunctionBindings,
+    ProfileConfig,
+)
 from psych_sandbox_core.protocol.limits import MAX_INPUT_BYTES
-from psych_sandbox_core.terms import ExecutionLimits
 from remote_support import (
     FAST_LIMITS,
     PROFILE,
@@ -309,8 +311,8 @@ async def test_a_full_server_refuses_and_says_so(served: Served) -> None:
 
 
 async def test_plaintext_credentials_only_on_loopback_or_when_trusted(tmp_path: Path) -> None:
-    from psych_sandbox_core._policy.registry import BackendRegistry
-    from psych_sandbox_core.errors import ConfigurationError
+    from psych_sandbox_core import ConfigurationError
+    from psych_sandbox_core.service_kit import BackendRegistry
 
     registry = BackendRegistry()
     with pytest.raises(ConfigurationError, match="plaintext"):
@@ -327,8 +329,7 @@ async def test_plaintext_credentials_only_on_loopback_or_when_trusted(tmp_path: 
 
 
 async def test_a_run_frame_beyond_the_terms_never_reaches_the_child(served: Served) -> None:
-    from psych_sandbox_core.protocol import ChildLimits, RunFrame
-    from psych_sandbox_core.protocol.codec import encode_host_frame
+    from psych_sandbox_core.kit.relay import ChildLimits, RunFrame, encode_host_frame
 
     greedy = RunFrame(
         source="print('never')",

@@ -13,22 +13,28 @@ from typing import Any
 
 import anyio
 import pytest
-from psych_sandbox_core._engine.host import bootstrap_source
+from psych_sandbox_core import (
+    DeploymentConfig,
+    ExecutionLimits,
+    Grade,
+    Guarantee,
+    Level,
+    ProfileConfig,
+    level_of,
+)
 from psych_sandbox_core._policy.config import config_problems
-from psych_sandbox_core._policy.profiles import DeploymentConfig, ProfileConfig
 from psych_sandbox_core._policy.registry import BackendRegistry
-from psych_sandbox_core.grading import Grade, Guarantee, Level, grade, level_of
-from psych_sandbox_core.kit.backend import LaunchRequest, ProbeTargets
+from psych_sandbox_core.kit import LaunchRequest, LoopbackTokenChannel, ProbeTargets
 from psych_sandbox_core.kit.channel import FrameChannel
-from psych_sandbox_core.kit.channel_loopback import LoopbackTokenChannel
-from psych_sandbox_core.protocol.frames import (
+from psych_sandbox_core.kit.relay import (
     ChildLimits,
     ContainmentReport,
     HelloFrame,
     ResultFrame,
     RunFrame,
+    bootstrap_source,
+    grade,
 )
-from psych_sandbox_core.terms import ExecutionLimits
 
 from psych_sandbox_windows.backend import (
     LOADER,
@@ -153,7 +159,7 @@ def test_a_profile_requiring_isolated_is_refused_at_configuration() -> None:
 @off_windows
 @pytest.mark.anyio
 async def test_launch_off_windows_is_backend_unavailable() -> None:
-    from psych_sandbox_core.kit.backend import BackendUnavailable
+    from psych_sandbox_core.kit import BackendUnavailable
 
     backend = WindowsBackend(WindowsOptions())
     request = LaunchRequest(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from fake_job_api import RecordingFakeJobApi
-from psych_sandbox_core.terms import ExecutionLimits
+from psych_sandbox_core import ExecutionLimits
 
 from psych_sandbox_windows import jobobject
 from psych_sandbox_windows.jobobject import (
