@@ -80,6 +80,24 @@ SOURCES = [
         "psych_sandbox_remote",
         "README.md",
     ),
+    Source(
+        "psych-sandbox-mcp",
+        ROOT / "integrations" / "psych-sandbox-mcp",
+        "psych_sandbox_mcp",
+        "README.md",
+    ),
+    Source(
+        "psych-sandbox-pydantic-ai",
+        ROOT / "integrations" / "psych-sandbox-pydantic-ai",
+        "psych_sandbox_pydantic_ai",
+        "README.md",
+    ),
+    Source(
+        "psych-sandbox-smolagents",
+        ROOT / "integrations" / "psych-sandbox-smolagents",
+        "psych_sandbox_smolagents",
+        "README.md",
+    ),
 ]
 
 #: What every sdist carries whatever the project says: its build configuration, the metadata
@@ -291,6 +309,9 @@ def test_the_wheels_install_into_a_fresh_environment_and_run_a_program(
         env,
     )
     assert Path(where.strip()).is_relative_to(venv), where
+    # Every distribution's package imports with what its metadata made the installer bring.
+    packages = sorted(item.source.package for item in built.values())
+    _run([python, "-c", f"import {', '.join(packages)}"], tmp_path, env)
 
     program = tmp_path / "hello.py"
     program.write_text("import sys\nprint('hello from', sys.implementation.name)\n{'answer': 42}\n")

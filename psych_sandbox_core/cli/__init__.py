@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp = commands.add_parser(
         "mcp",
         help="serve run_python as an MCP server; programs may call the configured upstream "
-        "MCP servers' tools (needs psych-sandbox-core[mcp])",
+        "MCP servers' tools (needs psych-sandbox-mcp)",
     )
     mcp.add_argument(
         "--transport", choices=("stdio", "streamable-http"), default="stdio", help="default: stdio"
@@ -465,50 +465,39 @@ def _command_profiles(args: argparse.Namespace) -> int:
 
 
 def _command_mcp(args: argparse.Namespace) -> int:
-    import signal
-
-    import anyio
-
-    from ..mcp_server import serve
-
-    def announce(url: str) -> None:
-        print(f"psych-sandbox mcp: serving at {url}", file=sys.stderr, flush=True)
-
-    async def main() -> None:
-        # A signal ends the server through cancellation, so every execution, upstream
-        # process and temporary folder is torn down before the command exits.
-        with anyio.open_signal_receiver(
-            *(signal.Signals[name] for name in CANCEL_SIGNALS)
-        ) as signals:
-            async with anyio.create_task_group() as group:
-
-                async def stop() -> None:
-                    async for _ in signals:
-                        group.cancel_scope.cancel()
-
-                group.start_soon(stop)
-                await serve(
-                    args.config, args.transport, host=args.host, port=args.port, announce=announce
-                )
-                group.cancel_scope.cancel()
-
-    anyio.run(main)
-    return EXIT_OK
+    serve = _handed_to(
+        "psych_sandbox_mcp.command", "mcp", "the MCP integration", "psych-sandbox-mcp"
+    )
+    if serve is None:
+        return EXIT_USAGE
+    result: int = serve(args.config, args.transport, host=args.host, port=args.port)
+    return result
 
 
 def _command_serve(args: argparse.Namespace) -> int:
-    # The service is its own distribution: the core only hands the command over.
-    try:
-        from psych_sandbox_remote.serve import main as serve
-    except ImportError:
-        print(
-            "psych-sandbox: serve needs the remote backend; install it with: "
-            "pip install psych-sandbox-remote",
-            file=sys.stderr,
-        )
+    serve = _handed_to(
+        "psych_sandbox_remote.serve", "serve", "the remote backend", "psych-sandbox-remote"
+    )
+    if serve is None:
         return EXIT_USAGE
     result: int = serve(args.profile, args.listen, args.config)
     return result
+
+
+def _handed_to(module: str, command: str, what: str, distribution: str) -> Any:
+    """The ``main`` of ``module``, which runs ``command`` (its distribution's: the core only
+    hands it over); None, said on stderr with the install line, when ``distribution`` (or
+    what it needs) cannot be imported."""
+    import importlib
+
+    try:
+        return importlib.import_module(module).main
+    except ImportError:
+        print(
+            f"psych-sandbox: {command} needs {what}; install it with: pip install {distribution}",
+            file=sys.stderr,
+        )
+        return None
 
 
 _COMMANDS = {

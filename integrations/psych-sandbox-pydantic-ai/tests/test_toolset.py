@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
+from psych_sandbox_core import BindingProvider, DeploymentConfig, ProfileConfig, Sandbox, ToolSpec
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
     ModelMessage,
@@ -20,9 +22,10 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from psych_sandbox_core import DeploymentConfig, ProfileConfig, Sandbox
-from psych_sandbox_core._bindings.bindings import BindingProvider, ToolSpec
-from psych_sandbox_core.pydantic_ai_toolset import sandbox_toolset
+from psych_sandbox_pydantic_ai import sandbox_toolset
+
+#: The repository's documentation, whose guide to this integration is run below.
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 pytestmark = pytest.mark.anyio
 
@@ -126,9 +129,8 @@ async def test_an_answer_is_capped() -> None:
 
 async def test_the_guide_example_runs_and_returns_what_it_claims() -> None:
     import re
-    from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "pydantic-ai.md").read_text()
+    text = (DOCS / "pydantic-ai.md").read_text()
     (example,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     claimed = re.search(r"it returns:\n\n```\n(.*?)\n```", text, flags=re.S)
     assert claimed is not None

@@ -31,24 +31,26 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import anyio
+import mcp_types
+from mcp.server.mcpserver import MCPServer
+from psych_sandbox_core import (
+    AttachmentDenied,
+    BlobAddress,
+    BlobStore,
+    ConfigurationError,
+    ExecutionResult,
+    FilesystemBlobStore,
+    Sandbox,
+)
+from psych_sandbox_core.integration_kit import (
+    DEFAULT_WINDOW_BYTES,
+    MAX_WINDOW_BYTES,
+    ConfigSource,
+    cut_text,
+    tool_line,
+)
 
-from ._api.provider_shapes import cut_text
-from ._api.sandbox import Sandbox
-from ._bindings.catalogue import tool_line
-from ._output.attachments import DEFAULT_WINDOW_BYTES, MAX_WINDOW_BYTES, AttachmentDenied
-from ._output.blobstore import BlobAddress, BlobStore, FilesystemBlobStore
-from ._policy.config import ConfigSource
-from .errors import ConfigurationError
-from .mcp_bindings import BINARY_HANDLE_PREFIX, McpBindings, connect_upstreams
-from .result import ExecutionResult
-
-try:
-    import mcp_types
-    from mcp.server.mcpserver import MCPServer
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ConfigurationError(
-        "psych-sandbox mcp needs the official MCP SDK: pip install 'psych-sandbox-core[mcp]'"
-    ) from exc
+from .bindings import BINARY_HANDLE_PREFIX, McpBindings, connect_upstreams
 
 Transport = Literal["stdio", "streamable-http"]
 

@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psych_sandbox_core import DeploymentConfig, ProfileConfig, SyncSandbox
 from smolagents import CodeAgent, Tool
 from smolagents.models import ChatMessage, MessageRole, Model
 
-from psych_sandbox_core import DeploymentConfig, ProfileConfig, SyncSandbox
-from psych_sandbox_core.smolagents_executor import SandboxExecutor
+from psych_sandbox_smolagents import SandboxExecutor
+
+#: The repository's documentation, whose guide to this integration is run below.
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 CONFIG = DeploymentConfig(profiles={"agents": ProfileConfig(backend="subprocess")})
 
@@ -92,7 +95,7 @@ def test_without_carry_over_a_step_does_not_see_the_last_ones_names_and_a_failur
 
 
 def test_the_guide_example_runs_and_returns_what_it_claims() -> None:
-    text = (Path(__file__).resolve().parent.parent / "docs" / "smolagents.md").read_text()
+    text = (DOCS / "smolagents.md").read_text()
     (example,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     claimed = re.search(r"it returns:\n\n```\n(.*?)\n```", text, flags=re.S)
     assert claimed is not None

@@ -1,10 +1,10 @@
 """A Pydantic AI toolset whose one tool runs a program in the sandbox
-(``pip install 'psych-sandbox-core[pydantic-ai]'``).
+(``pip install psych-sandbox-pydantic-ai``).
 
 ``sandbox_toolset(sandbox, bindings=...)`` gives an agent ``run_python(code)``. Its description
 lists the tools a program may call, asked of the bindings afresh at every step of the agent, so
 the model sees what it can call now. Whatever the program does, the tool answers with the
-result as a model reads it (:func:`~.provider_shapes.report_text`: output, return value, or a
+result as a model reads it (``report_text``: output, return value, or a
 typed failure with guidance), never an exception: a failed program is something the model
 acts on in its next step, not a retry the framework counts.
 """
@@ -14,20 +14,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ._api.provider_shapes import DEFAULT_MAX_CHARS, report_text
-from ._api.sandbox import Sandbox
-from ._bindings.bindings import BindingProvider
-from ._bindings.catalogue import tool_line
-from .errors import ConfigurationError
-
-try:
-    from pydantic_ai import RunContext, Tool
-    from pydantic_ai.tools import ToolDefinition
-    from pydantic_ai.toolsets import FunctionToolset
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ConfigurationError(
-        "the Pydantic AI toolset needs Pydantic AI: pip install 'psych-sandbox-core[pydantic-ai]'"
-    ) from exc
+from psych_sandbox_core import BindingProvider, Sandbox
+from psych_sandbox_core.integration_kit import DEFAULT_MAX_CHARS, report_text, tool_line
+from pydantic_ai import RunContext, Tool
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import FunctionToolset
 
 DESCRIPTION = """\
 Run a Python program in an isolated sandbox (a fresh process each time; nothing survives it).

@@ -1,7 +1,7 @@
 """Bindings over upstream MCP servers: every tool they offer when an execution starts is a
-tool the program may call (``pip install 'psych-sandbox-core[mcp]'``).
+tool the program may call (``pip install psych-sandbox-mcp``).
 
-:class:`McpBindings` is a :class:`~.bindings.BindingProvider` over one or more connected
+:class:`McpBindings` is a :class:`BindingProvider` over one or more connected
 ``mcp.Client`` sessions (stdio or streamable HTTP); :func:`connect_upstreams` opens them from a
 deployment's ``[mcp]`` section. The tool list is asked of every upstream at the start of each
 execution, never cached, so a tool an upstream withdrew is gone in the next run.
@@ -36,23 +36,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-
-from ._bindings.bindings import BindingProvider, CallErrorKind, ToolCallError, ToolSpec
-from ._policy.mcp_settings import HttpUpstream, McpSettings, StdioUpstream
-from .errors import ConfigurationError
-from .protocol.limits import MAX_TOOL_NAME_CHARS, MAX_TOOLS
-
-try:
-    import httpx2
-    import mcp_types
-    from mcp import Client, StdioServerParameters
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
-    from mcp.shared.exceptions import MCPError
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ConfigurationError(
-        "MCP support needs the official MCP SDK: pip install 'psych-sandbox-core[mcp]'"
-    ) from exc
+import httpx2
+import mcp_types
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from psych_sandbox_core import BindingProvider, CallErrorKind, ToolCallError, ToolSpec
+from psych_sandbox_core.integration_kit import (
+    MAX_TOOL_NAME_CHARS,
+    MAX_TOOLS,
+    HttpUpstream,
+    McpSettings,
+    StdioUpstream,
+)
 
 #: Bytes of binary content (images, audio, blobs) kept for the embedder across calls; the
 #: oldest go first past it. A program sees only descriptors, so this bounds host memory only.

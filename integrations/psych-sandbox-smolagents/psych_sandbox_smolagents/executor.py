@@ -1,8 +1,8 @@
 """A smolagents executor that runs every code step of a ``CodeAgent`` in the sandbox
-(``pip install 'psych-sandbox-core[smolagents]'``).
+(``pip install psych-sandbox-smolagents``).
 
 ``CodeAgent(tools=..., model=..., executor=SandboxExecutor(sandbox))`` with a
-:class:`~.sync_sandbox.SyncSandbox`: each step is one program in a fresh process. Inside it
+:class:`SyncSandbox`: each step is one program in a fresh process. Inside it
 the agent's tools are plain functions, called with keywords or positionally in the order of
 their inputs, and ``final_answer(...)`` ends the step with the answer. Both are made by a
 preamble (``Sandbox.run(preamble=...)``), so the step's tracebacks show its own lines.
@@ -21,21 +21,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
-
-from ._api.provider_shapes import DEFAULT_MAX_CHARS
-from ._api.sandbox import given_variables
-from ._api.sync_sandbox import SyncSandbox
-from ._bindings.bindings import BindingProvider, ToolCallError
-from ._bindings.catalogue import ToolSpec
-from .errors import ConfigurationError
-
-try:
-    from smolagents.local_python_executor import CodeOutput, PythonExecutor
-    from smolagents.tools import Tool
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ConfigurationError(
-        "the smolagents executor needs smolagents: pip install 'psych-sandbox-core[smolagents]'"
-    ) from exc
+from psych_sandbox_core import BindingProvider, SyncSandbox, ToolCallError, ToolSpec
+from psych_sandbox_core.integration_kit import DEFAULT_MAX_CHARS, given_variables
+from smolagents.local_python_executor import CodeOutput, PythonExecutor
+from smolagents.tools import Tool
 
 #: Run ahead of each step, in its namespace. The bootstrap's tool aliases are async (a
 #: program awaits them); smolagents' code calls tools as plain functions, so each is wrapped
