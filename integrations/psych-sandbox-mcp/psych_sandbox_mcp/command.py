@@ -25,6 +25,7 @@ def main(config: ConfigSource, transport: Transport, *, host: str, port: int) ->
     async def run() -> None:
         # A signal ends the server through cancellation, so every execution, upstream
         # process and temporary folder is torn down before the command exits.
+        failure: Exception | None = None
         with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
             async with anyio.create_task_group() as group:
 
@@ -33,8 +34,16 @@ def main(config: ConfigSource, transport: Transport, *, host: str, port: int) ->
                         group.cancel_scope.cancel()
 
                 group.start_soon(stop)
-                await serve(config, transport, host=host, port=port, announce=announce)
-                group.cancel_scope.cancel()
+                try:
+                    await serve(config, transport, host=host, port=port, announce=announce)
+                except Exception as exc:
+                    # Raised again below, outside the task group, which would otherwise
+                    # wrap it in an exception group (a configuration error, a port taken).
+                    failure = exc
+                finally:
+                    group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
     anyio.run(run)
     return 0

@@ -390,6 +390,27 @@ def text_of(result: mcp_types.CallToolResult) -> str:
     return block.text
 
 
+def test_a_configuration_the_server_cannot_run_is_said_as_the_command_says_every_other(
+    tmp_path: Path,
+) -> None:
+    # Through the core's command and its hand-over: exit status 2 and one line naming the
+    # key, not a traceback out of the server's task group.
+    config = tmp_path / "deployment.toml"
+    config.write_text("[mcp]\nprofile = 'nope'\n")
+    completed = subprocess.run(
+        [str(Path(sys.executable).with_name("psych-sandbox")), "mcp", "--config", str(config)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.startswith(
+        "psych-sandbox: configuration error: mcp.profile: no profile named 'nope'"
+    ), completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
 async def test_the_mcp_server_end_to_end_over_stdio(
     tmp_path: Path, mark: str, ran_file: Path
 ) -> None:
