@@ -23,10 +23,10 @@ from typing import Any
 import anyio
 
 from ._api.provider_shapes import DEFAULT_MAX_CHARS
-from ._api.sandbox import given_variables
 from ._api.sync_sandbox import SyncSandbox
 from ._bindings.bindings import BindingProvider, ToolCallError
 from ._bindings.catalogue import ToolSpec
+from ._engine.program import given_variables
 from .errors import ConfigurationError
 
 try:

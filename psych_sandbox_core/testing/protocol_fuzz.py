@@ -48,6 +48,7 @@ from .._engine.conversation import (
     Send,
     State,
 )
+from .._engine.program import Program
 from .._output.artifact_channel import ChannelCollector, channel_request
 from .._output.artifacts import CollectionLimits
 from ..errors import ProtocolViolation
@@ -357,7 +358,7 @@ class ConversationMachine(RuleBasedStateMachine):
             assert request is not None
             collector = ChannelCollector(request)
         terms = ProgramTerms(
-            source="1",
+            program=Program(source="1"),
             limits=LIMITS,
             argument_bytes=ARGUMENT_BYTES,
             tools=self.server.offered,

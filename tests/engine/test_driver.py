@@ -21,6 +21,7 @@ from psych_sandbox_core._engine.host import (
     prepare,
 )
 from psych_sandbox_core._engine.pool import WarmPool, WarmSettings
+from psych_sandbox_core._engine.program import Program
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.grading import Grade, Guarantee, Level, Mechanisms
 from psych_sandbox_core.protocol import (
@@ -54,6 +55,8 @@ def plan(**changes: Any) -> ExecutionPlan:
         "claimed_level": Level.NONE,
     }
     fields.update(changes)
+    program_fields = {"source", "command", "inputs", "preamble", "variables_json", "keep_variables"}
+    fields["program"] = Program(**{key: fields.pop(key) for key in program_fields & fields.keys()})
     return ExecutionPlan(**fields)
 
 
