@@ -7,7 +7,8 @@ import uuid
 
 import anyio
 
-from .._bindings.bindings import BindingProvider, CallServer, ExecutionScope, ToolSpec
+from .._bindings.bindings import BindingProvider, ToolSpec
+from .._bindings.call_server import CallServer, ExecutionScope
 from .._bindings.runlog import RunLog
 from .._engine.plan import ExecutionPlan
 from .._engine.program import Program

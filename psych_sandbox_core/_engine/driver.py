@@ -17,7 +17,7 @@ from functools import partial
 import anyio
 from anyio.abc import ByteReceiveStream
 
-from .._bindings.bindings import CallServer
+from .._bindings.call_server import CallServer
 from .._output.artifact_channel import ChannelCollector
 from .._output.artifacts import Collection, collection_failure
 from .._output.capture import StreamCapture

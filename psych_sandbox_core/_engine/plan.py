@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from .._bindings.bindings import CallServer
+from .._bindings.call_server import CallServer
 from .._output.preservation import OutputContext
 from .._output.streaming import OutputRelay
 from ..grading import Level

@@ -12,7 +12,8 @@ from typing import Any
 import anyio
 import pytest
 
-from psych_sandbox_core._bindings.bindings import CallServer, FunctionBindings, ToolSpec
+from psych_sandbox_core._bindings.bindings import FunctionBindings, ToolSpec
+from psych_sandbox_core._bindings.call_server import CallServer
 from psych_sandbox_core._engine.host import (
     ExecutionPlan,
     NotPrepared,
