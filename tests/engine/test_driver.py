@@ -350,6 +350,8 @@ async def test_a_caller_that_goes_away_cancels_its_warm_execution() -> None:
         with anyio.CancelScope() as caller:
             tg.start_soon(_cancel_when, started, caller)
             await child.serve(plan())
+        # The caller returns only once its execution is torn down, as a cold one's does.
+        assert backend.live == 0
     assert caller.cancelled_caught
     assert backend.live == 0
     # Cancelled as a cancelled execution is: terminated, not left to run.
@@ -385,6 +387,7 @@ async def test_a_caller_that_goes_away_cancels_its_cold_execution_in_a_task_grou
         with anyio.CancelScope() as caller:
             tg.start_soon(_cancel_when, started, caller)
             await execute(backend, plan(), tg)
+        assert backend.live == 0  # torn down before the caller returned
     assert caller.cancelled_caught
     assert backend.live == 0
     status = backend.launched[0].status
