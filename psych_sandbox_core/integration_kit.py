@@ -18,8 +18,8 @@ kit/__init__.py): an integration declares the core's minor series it was built a
 from __future__ import annotations
 
 from ._api.provider_shapes import DEFAULT_MAX_CHARS, cut_text, report_text
-from ._api.sandbox import given_variables
 from ._bindings.catalogue import tool_line
+from ._engine.program import given_variables
 from ._output.attachments import DEFAULT_WINDOW_BYTES, MAX_WINDOW_BYTES
 from ._policy.config import ConfigSource, parse_config
 from ._policy.mcp_settings import HttpUpstream, McpSettings, StdioUpstream

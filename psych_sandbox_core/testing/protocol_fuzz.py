@@ -5,7 +5,7 @@ target for the frame reader and codec. Needs hypothesis (``psych-sandbox-core[te
 child's lines (see driver.py): each line is held to the ceilings in force, decoded by the
 codec, given to the :class:`~psych_sandbox_core._engine.conversation.Conversation`, and its actions
 are performed as the driver performs them (calls answered by a real
-:class:`~psych_sandbox_core._bindings.bindings.CallServer`, values decoded, ceilings narrowed).
+:class:`~psych_sandbox_core._bindings.call_server.CallServer`, values decoded, ceilings narrowed).
 Lines are frames of every kind in every state, forged and reordered call ids, truncated and
 oversized lines, and hostile JSON (deep, wide, huge numbers). After every step:
 
@@ -35,7 +35,8 @@ import anyio.from_thread
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from .._bindings.bindings import CallServer, FunctionBindings
+from .._bindings.bindings import FunctionBindings
+from .._bindings.call_server import CallServer
 from .._engine.conversation import (
     TRANSITIONS,
     Action,
@@ -48,6 +49,7 @@ from .._engine.conversation import (
     Send,
     State,
 )
+from .._engine.program import Program
 from .._output.artifact_channel import ChannelCollector, channel_request
 from .._output.artifacts import CollectionLimits
 from ..errors import ProtocolViolation
@@ -357,7 +359,7 @@ class ConversationMachine(RuleBasedStateMachine):
             assert request is not None
             collector = ChannelCollector(request)
         terms = ProgramTerms(
-            source="1",
+            program=Program(source="1"),
             limits=LIMITS,
             argument_bytes=ARGUMENT_BYTES,
             tools=self.server.offered,

@@ -27,7 +27,7 @@ from psych_sandbox_core import (
     spec_from_function,
 )
 from psych_sandbox_core._bindings import catalogue
-from psych_sandbox_core._bindings.bindings import CallServer
+from psych_sandbox_core._bindings.call_server import CallServer
 from psych_sandbox_core._output.attachments import AttachmentLedger
 from psych_sandbox_core.child import bootstrap
 from psych_sandbox_core.errors import ErrorKind

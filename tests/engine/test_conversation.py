@@ -24,6 +24,7 @@ from psych_sandbox_core._engine.conversation import (
     Send,
     State,
 )
+from psych_sandbox_core._engine.program import Program
 from psych_sandbox_core._output.artifact_channel import ChannelCollector, channel_request
 from psych_sandbox_core._output.artifacts import CollectionLimits
 from psych_sandbox_core.errors import ErrorKind
@@ -95,6 +96,8 @@ def terms(**changes: Any) -> ProgramTerms:
         "refusal": None,
     }
     fields.update(changes)
+    program_fields = {"source", "command", "inputs", "preamble", "variables_json", "keep_variables"}
+    fields["program"] = Program(**{key: fields.pop(key) for key in program_fields & fields.keys()})
     return ProgramTerms(**fields)
 
 

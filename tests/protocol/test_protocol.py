@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 from pydantic_core import from_json
 
-from psych_sandbox_core._bindings.bindings import CallServer, FunctionBindings
+from psych_sandbox_core._bindings.bindings import FunctionBindings
+from psych_sandbox_core._bindings.call_server import CallServer
 from psych_sandbox_core.budgets import MAX_ARGUMENT_BYTES_PER_CALL
 from psych_sandbox_core.child import bootstrap
 from psych_sandbox_core.errors import ProtocolViolation
