@@ -2,7 +2,7 @@
 (an inherited descriptor, a unix socket, a loopback port and its token), its frames, and the
 tool calls in flight (ids, places, and the one reader that hands each reply to its call)."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 import _socket

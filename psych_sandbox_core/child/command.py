@@ -1,7 +1,7 @@
 """Command mode: a command run as this process's child; its exit status is the result, and its
 death by a signal this process's own."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 import os

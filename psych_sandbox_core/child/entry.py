@@ -2,7 +2,7 @@
 containment, the channel and the hello, the run or an abort, inputs and limits, the program,
 its output's end, artifacts and the result frame)."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 import _socket

@@ -1,7 +1,7 @@
 """A warm child's idle time: what an awaiting program would import, done while no program has
 arrived, one step at a time."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 import _socket

@@ -1,7 +1,7 @@
 """The run's input files, written into the fresh workspace: each created anew, never through a
 link."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 import os

@@ -1,7 +1,7 @@
 """The late terms: what the host made while this interpreter started (the probe's targets,
 the cgroup's join descriptors), one message on a socket of their own."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 import _socket

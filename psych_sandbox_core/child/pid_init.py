@@ -1,7 +1,7 @@
 """The pid namespace's init: an outer process that ends as the program's did, an init that
 reaps every orphan and reports the program's exact end, and the program's process below it."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 import _socket

@@ -2,7 +2,7 @@
 the network, its limits and capabilities, foreign processes), sent in the hello for the host
 to grade."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 import _socket

@@ -2,7 +2,7 @@
 and its result (a JSON return value within the cap, the variables kept, a call never awaited
 named)."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 #: The caller's code run ahead of the program, compiled apart so the program's own line

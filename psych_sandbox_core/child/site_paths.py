@@ -1,7 +1,7 @@
 """What the site module does at start-up, done for an interpreter started with ``-S``, less the
 code nobody asked for."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 
 import os
 

@@ -2,7 +2,7 @@
 a direct alias per tool), a call that runs only once awaited and says so when it is not,
 ToolError and ToolResultHandle, and a reply made into the call's value."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 import sys

@@ -1,7 +1,7 @@
 """An exception described for the result: its traceback cut to the program's own frames, the
 program's line and column."""
 
-# Names of the other modules: one namespace, assembled by loader.py.
+# Uses names the other modules define: they run as one namespace (loader.py).
 # ruff: noqa: F821
 
 

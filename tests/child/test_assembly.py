@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from psych_sandbox_core.child import loader
-from psych_sandbox_core.child.loader import PARTS, assemble, bootstrap_module, bootstrap_source
+from psych_sandbox_core.child.loader import (
+    MAX_PAYLOAD_CHARS,
+    PARTS,
+    assemble,
+    bootstrap_module,
+    bootstrap_source,
+)
 
 CHILD = Path(loader.__file__).parent
 #: The child folder's modules that are the host's, not the bootstrap's.
@@ -274,6 +280,18 @@ def test_every_module_is_short() -> None:
 def test_a_long_module_is_found(copy: Path) -> None:
     plant(copy, "output", "\n" * MAX_MODULE_LINES)
     assert [problem for problem in too_long(parts_of(copy)) if problem.startswith("output:")]
+
+
+def fits_in_an_argument(source: str) -> bool:
+    """Whether ``source`` can be passed as one command-line argument, as ``-c`` passes it."""
+    return len(source.encode()) <= MAX_PAYLOAD_CHARS
+
+
+def test_the_source_fits_in_one_argument(copy: Path) -> None:
+    # A child's first start passes the source itself (loader.bootstrap_arguments).
+    assert fits_in_an_argument(bootstrap_source())
+    plant(copy, "entry", "#" * MAX_PAYLOAD_CHARS + "\n")
+    assert not fits_in_an_argument(assemble(parts_of(copy)))
 
 
 def test_an_assembly_that_cannot_compile_is_found(copy: Path) -> None:
