@@ -130,7 +130,7 @@ def test_every_known_exception_still_occurs() -> None:
         ("backends.subprocess", "from .._engine.host import x\n", f"{CORE}._engine.host"),
         ("_policy.selection", "def f():\n    from .._api import sandbox\n", f"{CORE}._api.sandbox"),
         ("result", "from .testing.host import marker\n", f"{CORE}.testing.host"),
-        ("child.bootstrap", "from ..errors import SandboxError\n", f"{CORE}.errors"),
+        ("child.channel", "from ..errors import SandboxError\n", f"{CORE}.errors"),
         ("kit.backend", "from .._engine import host\n", f"{CORE}._engine.host"),
     ],
 )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import psych_sandbox_core
+from psych_sandbox_core.child.loader import PARTS
 
 #: Modules that only a command running a program (or reporting on backends) needs.
 HEAVY = ("pydantic", "pydantic_core", "pluggy", "importlib_metadata", "anyio")
@@ -54,7 +55,7 @@ RUN_NEVER = (
     "psych_sandbox_pydantic_ai",
     "psych_sandbox_smolagents",
     "psych_sandbox_core._api.sync_sandbox",
-    "psych_sandbox_core.child.bootstrap",
+    *(f"psych_sandbox_core.child.{part}" for part in PARTS),  # read as text, never imported
 )
 
 

@@ -31,7 +31,7 @@ from psych_sandbox_core._api.provider_shapes import (
 from psych_sandbox_core._engine.conversation import Close, Conversation, State
 from psych_sandbox_core._engine.program import Program, command_spec, input_files
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
-from psych_sandbox_core.child import bootstrap
+from psych_sandbox_core.child.loader import bootstrap_module
 from psych_sandbox_core.cli import main
 from psych_sandbox_core.grading import Mechanisms
 from psych_sandbox_core.protocol import ResultFrame
@@ -39,6 +39,9 @@ from psych_sandbox_core.protocol.limits import MAX_INPUT_BYTES, MAX_INPUT_NAME_C
 
 from ..conftest import FAST_LIMITS, PROFILE, config
 from .test_conversation import hello, perform_sends, terms
+
+#: The child's functions and constants, from the source the child runs.
+bootstrap = bootstrap_module()
 
 #: An interpreter the child's own (leased) uid can run: the test's may live where it cannot.
 PYTHON = shutil.which("python3", path=os.defpath) or "/usr/bin/python3"

@@ -28,7 +28,7 @@ from psych_sandbox_core._output.capture import OutputPolicy
 from psych_sandbox_core._output.preservation import OutputContext, collect_artifacts
 from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
-from psych_sandbox_core.child import bootstrap
+from psych_sandbox_core.child.loader import bootstrap_module
 from psych_sandbox_core.cli.render import export_note
 from psych_sandbox_core.errors import ProtocolViolation
 from psych_sandbox_core.kit.backend import Launched, LaunchRequest
@@ -49,6 +49,9 @@ from psych_sandbox_core.result import SkippedEntry
 from psych_sandbox_core.testing.programs import check_planted_artifacts
 
 from ..conftest import FAST_LIMITS, open_fds
+
+#: The child's functions and constants, from the source the child runs.
+bootstrap = bootstrap_module()
 
 CHUNK = ARTIFACT_CHUNK_BYTES
 PROFILE = "hidden"
