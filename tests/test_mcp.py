@@ -20,6 +20,7 @@ import anyio
 import mcp_types
 import pytest
 from mcp import Client, StdioServerParameters
+from psych_sandbox_testing.host import marker, pids_with, wait_for_pids, wait_until
 
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core._bindings.bindings import BindingProvider, ToolSpec
@@ -28,7 +29,6 @@ from psych_sandbox_core._policy.mcp_settings import McpSettings
 from psych_sandbox_core._policy.profiles import DeploymentConfig
 from psych_sandbox_core.errors import ConfigurationError
 from psych_sandbox_core.mcp_bindings import McpBindings, connect_upstreams
-from psych_sandbox_core.testing.host import marker, pids_with, wait_for_pids, wait_until
 
 #: Each test starts real servers (Node.js, Python interpreters importing the SDK, the
 #: sandbox's children); on a loaded two-core machine that is slow, never stuck.

@@ -15,7 +15,7 @@ import sysconfig
 from functools import cache
 from pathlib import Path
 
-from ..kit.posix.temp_dirs import make_owned_directory
+from psych_sandbox_core.kit.posix.temp_dirs import make_owned_directory
 
 #: The system interpreter an unprivileged user can run (the test environment's may live
 #: under a home directory it cannot enter).
