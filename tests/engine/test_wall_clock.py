@@ -11,8 +11,8 @@ import threading
 
 import anyio
 import pytest
-from psych_sandbox_testing.conformance import DAEMON
 from psych_sandbox_testing.leftovers import own_uid
+from psych_sandbox_testing.programs import DAEMON
 
 from psych_sandbox_core import ErrorKind, Sandbox
 from psych_sandbox_core._engine import wall_clock
