@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from psych_sandbox_core.errors import ConfigurationError
+from psych_sandbox_core import ConfigurationError
 from psych_sandbox_core.kit.posix.identity import IdentityExhausted, IdentityLease, IdentityRange
 
 from .host import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
-from psych_sandbox_core._policy.profiles import DeploymentConfig
+from psych_sandbox_core import DeploymentConfig
 
 #: The tools file of a CLI run: ``ready()`` tells the test, over a pipe it inherited, that
 #: the program has printed and is about to block (the CLI itself shows nothing until the end).

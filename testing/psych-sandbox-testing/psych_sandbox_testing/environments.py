@@ -20,9 +20,8 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-from psych_sandbox_core._api.sandbox import Sandbox
+from psych_sandbox_core import ExecutionResult, Sandbox
 from psych_sandbox_core.kit.interpreter import SYSTEM_CANDIDATES, reachable_by_others
-from psych_sandbox_core.result import ExecutionResult
 
 #: The tiny distribution the tests install: its module returns a value no standard module has.
 TINY_DISTRIBUTION = "psych-tiny-library"

@@ -9,11 +9,11 @@ import json
 from typing import Any
 
 from hypothesis import strategies as st
+from psych_sandbox_core import ExecutionLimits
 from psych_sandbox_core._output.artifacts import CollectionLimits
 from psych_sandbox_core.protocol import PROTOCOL_VERSION
 from psych_sandbox_core.protocol.framing import FrameCeilings
 from psych_sandbox_core.protocol.limits import MAX_CALL_ID
-from psych_sandbox_core.terms import ExecutionLimits
 
 from .fake_backend import honest_report
 

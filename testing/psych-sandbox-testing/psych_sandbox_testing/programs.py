@@ -11,10 +11,7 @@ import hashlib
 import textwrap
 
 import anyio
-from psych_sandbox_core._api.sandbox import Sandbox
-from psych_sandbox_core._bindings.bindings import FunctionBindings
-from psych_sandbox_core._policy.profiles import DeploymentConfig
-from psych_sandbox_core.result import ExecutionResult
+from psych_sandbox_core import DeploymentConfig, ExecutionResult, FunctionBindings, Sandbox
 
 from .host import cgroup_directories, cgroups_left
 

@@ -10,14 +10,17 @@ from typing import Any, ClassVar
 import anyio
 import anyio.abc
 import pytest
-from psych_sandbox_core._api.sandbox import Sandbox
-from psych_sandbox_core._bindings.bindings import BindingProvider
-from psych_sandbox_core._output.capture import OutputPolicy
-from psych_sandbox_core._policy.profiles import DeploymentConfig, ProfileConfig
+from psych_sandbox_core import (
+    BindingProvider,
+    DeploymentConfig,
+    ExecutionLimits,
+    ExecutionResult,
+    OutputPolicy,
+    ProfileConfig,
+    Sandbox,
+)
 from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_core.kit.posix.identity import LeasedIdentityOptions
-from psych_sandbox_core.result import ExecutionResult
-from psych_sandbox_core.terms import ExecutionLimits
 
 from ..baseline import HostBaseline
 from ..host import pids_with, private_tempdir, wait_for_pids

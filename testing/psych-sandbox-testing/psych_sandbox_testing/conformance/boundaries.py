@@ -12,8 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from psych_sandbox_core._output.capture import OutputPolicy
-from psych_sandbox_core.errors import ErrorKind
+from psych_sandbox_core import ErrorKind, OutputPolicy
 from psych_sandbox_core.result import SkippedEntry
 
 from ..host import marker, opens_of, wait_for_pids

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from psych_sandbox_core._api.sandbox import Sandbox
+from psych_sandbox_core import ErrorKind, Guarantee, InvalidRequestError, Sandbox
 from psych_sandbox_core._policy.registry import BackendRegistry
-from psych_sandbox_core.errors import ErrorKind, InvalidRequestError
-from psych_sandbox_core.grading import Guarantee
 
 from ..host import marker
 from ..programs import DAEMON

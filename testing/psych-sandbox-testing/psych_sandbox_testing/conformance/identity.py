@@ -14,8 +14,8 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
+from psych_sandbox_core import ExecutionResult
 from psych_sandbox_core.kit.posix.sweep import has_keys
-from psych_sandbox_core.result import ExecutionResult
 
 from ..host import (
     host_processes,

@@ -17,10 +17,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import pytest
-from psych_sandbox_core._api.sandbox import Sandbox
-from psych_sandbox_core._bindings.bindings import FunctionBindings
-from psych_sandbox_core.errors import ErrorKind
-from psych_sandbox_core.grading import Guarantee
+from psych_sandbox_core import ErrorKind, FunctionBindings, Guarantee, Sandbox
 from psych_sandbox_core.kit.phases import recording
 
 from ..cli_run import cli_at_ready
