@@ -22,7 +22,8 @@ else:
 
 CORE = "psych_sandbox_core"
 KIT = f"{CORE}.integration_kit"
-TESTING = f"{CORE}.testing"
+#: The test kit, its own distribution: a test may import it, an integration's code may not.
+TESTING = "psych_sandbox_testing"
 #: Names of the core each distribution may import, by the module they are imported from.
 PUBLIC = {CORE: set(psych_sandbox_core.__all__), KIT: set(integration_kit.__all__)}
 
@@ -53,10 +54,19 @@ def breaches(path: Path, module: str, test: bool) -> list[str]:
     where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     found = []
     for line, name in core_imports(path, module):
-        allowed = name in PUBLIC or (test and (name == TESTING or name.startswith(TESTING + ".")))
-        if not allowed:
+        if name not in PUBLIC:
             found.append(f"{where}:{line} imports {name}")
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = (
+            [alias.name for alias in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and not node.level
+            else []
+        )
+        for name in names:
+            if not test and (name == TESTING or name.startswith(TESTING + ".")):
+                found.append(f"{where}:{node.lineno} imports {name}")
         if isinstance(node, ast.ImportFrom) and not node.level and node.module in PUBLIC:
             for alias in node.names:
                 if alias.name not in PUBLIC[node.module]:
@@ -85,15 +95,15 @@ def test_the_rule_catches_a_breach(tmp_path: Path) -> None:
         "from psych_sandbox_core import Sandbox, _PUBLIC\n"
         "from psych_sandbox_core._api.provider_shapes import report_text\n"
         "from psych_sandbox_core.integration_kit import tool_line, describe_errors\n"
-        "from psych_sandbox_core.testing.host import marker\n"
+        "from psych_sandbox_testing.host import marker\n"
         "from psych_sandbox_core import kit\n"
     )
     assert [b.split(" ", 1)[1] for b in breaches(planted, "psych_sandbox_mcp.planted", False)] == [
         "imports psych_sandbox_core._api.provider_shapes",
-        f"imports {TESTING}.host",
         "imports psych_sandbox_core.kit",
         "imports _PUBLIC from psych_sandbox_core, which does not export it",
         f"imports describe_errors from {KIT}, which does not export it",
+        f"imports {TESTING}.host",
         "imports kit from psych_sandbox_core, which does not export it",
     ]
     # A test may use the test kit too.

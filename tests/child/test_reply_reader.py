@@ -19,12 +19,12 @@ from typing import Any
 
 import anyio
 import pytest
+from psych_sandbox_testing.census import processes_of
+from psych_sandbox_testing.host import status_of
 
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core._bindings.bindings import FunctionBindings
 from psych_sandbox_core.child.loader import bootstrap_module
-from psych_sandbox_core.testing.census import processes_of
-from psych_sandbox_core.testing.host import status_of
 
 from ..conftest import PROFILE, config
 

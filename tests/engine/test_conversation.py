@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from psych_sandbox_testing.fake_backend import honest_report
 
 from psych_sandbox_core._engine.conversation import (
     TRANSITIONS,
@@ -46,7 +47,6 @@ from psych_sandbox_core.protocol import (
 from psych_sandbox_core.protocol.framing import FrameCeilings
 from psych_sandbox_core.result import ExecutionFailure
 from psych_sandbox_core.terms import ExecutionLimits
-from psych_sandbox_core.testing.fake_backend import honest_report
 
 LIMITS = ExecutionLimits(wall_seconds=5.0)
 

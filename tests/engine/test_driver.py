@@ -1,4 +1,4 @@
-"""The host driver against the fake backend (psych_sandbox_core.testing.fake_backend): the
+"""The host driver against the fake backend (psych_sandbox_testing.fake_backend): the
 conversation over a real channel reader, cold and warm, without spawning a process. What
 the fake child did is judged from the fake launch itself (its exit status, what it received,
 whether it is still live), never from what the script says about itself."""
@@ -11,6 +11,12 @@ from typing import Any
 
 import anyio
 import pytest
+from psych_sandbox_testing.fake_backend import (
+    FakeBackend,
+    Relayed,
+    ScriptedChild,
+    honest_report,
+)
 
 from psych_sandbox_core._bindings.bindings import FunctionBindings, ToolSpec
 from psych_sandbox_core._bindings.call_server import CallServer
@@ -34,12 +40,6 @@ from psych_sandbox_core.protocol import (
 )
 from psych_sandbox_core.result import BackendIdentity
 from psych_sandbox_core.terms import ExecutionLimits
-from psych_sandbox_core.testing.fake_backend import (
-    FakeBackend,
-    Relayed,
-    ScriptedChild,
-    honest_report,
-)
 
 pytestmark = pytest.mark.anyio
 

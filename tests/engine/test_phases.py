@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from psych_sandbox_testing.fake_backend import FakeBackend, ScriptedChild
 
 from psych_sandbox_core._engine.host import ExecutionPlan, execute
 from psych_sandbox_core._engine.program import Program
@@ -12,7 +13,6 @@ from psych_sandbox_core.grading import Level
 from psych_sandbox_core.kit.phases import Marks, mark, recording
 from psych_sandbox_core.result import BackendIdentity
 from psych_sandbox_core.terms import ExecutionLimits
-from psych_sandbox_core.testing.fake_backend import FakeBackend, ScriptedChild
 
 pytestmark = pytest.mark.anyio
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import anyio
 import pytest
 from anyio.abc import TaskGroup
+from psych_sandbox_testing.fake_backend import FakeBackend, ScriptedChild
 
 from psych_sandbox_core._engine.host import ExecutionPlan
 from psych_sandbox_core._engine.pool import WarmPool, WarmSettings
@@ -20,7 +21,6 @@ from psych_sandbox_core.grading import Level
 from psych_sandbox_core.protocol import RunFrame
 from psych_sandbox_core.result import BackendIdentity, ExecutionResult
 from psych_sandbox_core.terms import ExecutionLimits
-from psych_sandbox_core.testing.fake_backend import FakeBackend, ScriptedChild
 
 pytestmark = pytest.mark.anyio
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import pytest
+from psych_sandbox_testing.leftovers import own_uid
 
 import psych_sandbox_core
 from psych_sandbox_core import kit as backend_kit
@@ -42,7 +43,6 @@ from psych_sandbox_core.kit import (
 )
 from psych_sandbox_core.kit.posix import identity
 from psych_sandbox_core.kit.posix.sweep import Swept
-from psych_sandbox_core.testing.leftovers import own_uid
 
 from ..import_rules import ROOT, core_imports
 

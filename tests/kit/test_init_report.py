@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
+from psych_sandbox_testing.host import wait_until
 
 from psych_sandbox_core.kit import (
     ExecutionLimits,
@@ -30,7 +31,6 @@ from psych_sandbox_core.kit import (
     bootstrap_source,
 )
 from psych_sandbox_core.kit.posix.pid_namespace import PidNamespace, _state_of, members
-from psych_sandbox_core.testing.host import wait_until
 
 pytestmark = [
     pytest.mark.anyio,

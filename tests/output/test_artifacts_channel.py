@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from psych_sandbox_testing.programs import check_planted_artifacts
 
 from psych_sandbox_core import DeploymentConfig, ErrorKind, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core._output.artifact_channel import ChannelCollector
@@ -46,7 +47,6 @@ from psych_sandbox_core.protocol import (
 from psych_sandbox_core.protocol import limits as protocol_limits
 from psych_sandbox_core.protocol.limits import ARTIFACT_CHUNK_BYTES
 from psych_sandbox_core.result import SkippedEntry
-from psych_sandbox_core.testing.programs import check_planted_artifacts
 
 from ..conftest import FAST_LIMITS, open_fds
 

@@ -22,7 +22,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from psych_sandbox_core import BindingProvider, DeploymentConfig, Sandbox, ToolSpec
 from psych_sandbox_core.integration_kit import parse_config
-from psych_sandbox_core.testing.host import marker, pids_with, wait_for_pids, wait_until
+from psych_sandbox_testing.host import marker, pids_with, wait_for_pids, wait_until
 
 from psych_sandbox_mcp import McpBindings, connect_upstreams
 

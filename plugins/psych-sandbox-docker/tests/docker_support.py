@@ -15,16 +15,6 @@ from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig,
 from psych_sandbox_core.kit.posix.identity import DEFAULT_COUNT, DEFAULT_FIRST_UID
 from psych_sandbox_core.result import ExecutionResult
 
-# Host-side probes and requirement handling shared with every backend's tests.
-from psych_sandbox_core.testing.host import (  # noqa: F401
-    marker,
-    opens_of,
-    pids_with,
-    uids_of,
-    wait_until,
-)
-from psych_sandbox_core.testing.requirements import skip_unless_required  # noqa: F401
-
 from psych_sandbox_docker.engine import (
     CGROUP_ROOT,
     OWNER_LABEL,

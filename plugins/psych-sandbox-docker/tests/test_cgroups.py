@@ -16,8 +16,8 @@ from psych_sandbox_core._bindings.bindings import FunctionBindings
 from psych_sandbox_core.kit import EXECUTION_CPU_SHARES
 from psych_sandbox_core.kit.posix.cgroupfs import hierarchies
 from psych_sandbox_core.kit.posix.temp_dirs import owner_tag
-from psych_sandbox_core.testing.host import cgroup_directories
-from psych_sandbox_core.testing.programs import cgroups_of_one_execution
+from psych_sandbox_testing.host import cgroup_directories
+from psych_sandbox_testing.programs import cgroups_of_one_execution
 
 from psych_sandbox_docker import engine as eng
 from psych_sandbox_docker.engine import CGROUP_ROOT, current_owner

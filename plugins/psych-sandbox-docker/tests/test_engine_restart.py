@@ -21,7 +21,7 @@ import pytest
 from docker_support import FAST_LIMITS, PROFILE
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core._bindings.bindings import FunctionBindings
-from psych_sandbox_core.testing import census
+from psych_sandbox_testing import census
 
 from psych_sandbox_docker.image import DEFAULT_TAG
 

@@ -17,7 +17,7 @@ from docker_support import FAST_LIMITS, PROFILE, RUNTIMES
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core._output.capture import OutputPolicy
 from psych_sandbox_core.errors import ErrorKind
-from psych_sandbox_core.testing.environments import (
+from psych_sandbox_testing.environments import (
     IMPORT_TINY,
     MATPLOTLIB_CHART,
     TINY_ANSWER,

@@ -12,9 +12,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from psych_sandbox_core.kit.posix.identity import DEFAULT_COUNT, DEFAULT_FIRST_UID
-from psych_sandbox_core.testing.host import (
+
+from psych_sandbox_testing.host import (
     host_processes,
     kill_by_pidfd,
     marker,
@@ -33,7 +33,7 @@ from contextlib import asynccontextmanager
 from psych_sandbox_core.kit import hookspecs
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
 from psych_sandbox_core._policy.registry import BackendRegistry
-from psych_sandbox_core.testing.conformance import BackendConformance
+from psych_sandbox_testing.conformance import BackendConformance
 
 DAEMON = """
 import os, sys
@@ -100,7 +100,7 @@ from psych_sandbox_core.kit import hookspecs
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
 from psych_sandbox_core.kit.posix.identity import DEFAULT_COUNT, DEFAULT_FIRST_UID
 from psych_sandbox_core._policy.registry import BackendRegistry
-from psych_sandbox_core.testing.conformance import BackendConformance
+from psych_sandbox_testing.conformance import BackendConformance
 
 #: The range's last uid: free unless the range is full.
 UID = DEFAULT_FIRST_UID + DEFAULT_COUNT - 1
@@ -235,7 +235,7 @@ def test_the_suite_passes_a_backend_that_leaves_nothing(tmp_path: Path) -> None:
     module = tmp_path / "test_intact.py"
     module.write_text(
         textwrap.dedent("""
-        from psych_sandbox_core.testing.conformance import BackendConformance
+        from psych_sandbox_testing.conformance import BackendConformance
 
         class TestIntact(BackendConformance):
             backend = "subprocess"

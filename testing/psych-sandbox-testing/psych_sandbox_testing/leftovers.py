@@ -18,8 +18,8 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..kit.posix.removal import remove_tree
-from ..kit.posix.sweep import sweep
+from psych_sandbox_core.kit.posix.removal import remove_tree
+from psych_sandbox_core.kit.posix.sweep import sweep
 
 #: World-writable directories the planting program writes into, where it can.
 PLANT_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm")
@@ -239,7 +239,7 @@ def process_under(uid: int) -> Iterator[subprocess.Popen[bytes]]:
 def own_uid(uid: int) -> Iterator[dict[str, int]]:
     """Backend options that lease ``uid`` alone to every execution (a one-uid range); on the
     way out whatever a failed test left under it is swept and the range's cursor removed."""
-    from ..kit.posix.identity import IdentityRange
+    from psych_sandbox_core.kit.posix.identity import IdentityRange
 
     try:
         yield {"identity_first_uid": uid, "identity_count": 1}

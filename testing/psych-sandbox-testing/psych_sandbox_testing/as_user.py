@@ -15,7 +15,7 @@ import sysconfig
 from functools import cache
 from pathlib import Path
 
-from ..kit.posix.temp_dirs import make_owned_directory
+from psych_sandbox_core.kit.posix.temp_dirs import make_owned_directory
 
 #: The system interpreter an unprivileged user can run (the test environment's may live
 #: under a home directory it cannot enter).
@@ -82,7 +82,12 @@ def staged_environment(
     shutil.copytree(packages, site, ignore=ignore)
     for name in editable:
         source = Path(importlib.import_module(name).__file__ or "").parent
-        shutil.copytree(source, site / source.name, ignore=shutil.ignore_patterns("__pycache__"))
+        # Installed from a wheel (an environment of one distribution's own), it is copied
+        # with the rest already.
+        if source.parent != packages:
+            shutil.copytree(
+                source, site / source.name, ignore=shutil.ignore_patterns("__pycache__")
+            )
     for file in files:
         shutil.copy(file, root / Path(file).name)
     for path in [root, *root.rglob("*")]:

@@ -17,9 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from ..kit.posix import cgroups, temp_dirs
-from ..kit.posix.identity import _lock_directory
-from .host import _descends_from, cgroup_directories, cgroup_pids, host_processes
+from psych_sandbox_core.kit.posix import cgroups, temp_dirs
+from psych_sandbox_core.kit.posix.identity import _lock_directory
+
+from .host import cgroup_directories, cgroup_pids, descends_from, host_processes
 
 #: Mount points that are a container engine's own (a container's root file system, its
 #: network namespace file): an engine's containers are counted as containers, and other runs
@@ -90,7 +91,7 @@ def processes_of(pid: int, leased: dict[int, str] | None = None) -> list[int]:
         if process.alive
         and process.pid != pid
         and (
-            _descends_from(process, pid, table)
+            descends_from(process, pid, table)
             or process.pid in in_cgroups
             or (process.uids and process.uids[0] in uids)
         )

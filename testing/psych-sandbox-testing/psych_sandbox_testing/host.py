@@ -17,10 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import anyio
-
-from ..errors import ConfigurationError
-from ..kit.posix import cgroupfs, cgroups
-from ..kit.posix.identity import IdentityExhausted, IdentityLease, IdentityRange
+from psych_sandbox_core.kit.posix import cgroupfs, cgroups
 
 T = TypeVar("T")
 
@@ -172,7 +169,7 @@ def private_tempdir(prefix: str = "psych-test-tmp-") -> Iterator[str]:
     leaves behind shows there and nowhere else; removed (without following links) after."""
     import tempfile
 
-    from ..kit.posix.removal import remove_tree
+    from psych_sandbox_core.kit.posix.removal import remove_tree
 
     root = tempfile.mkdtemp(prefix=prefix)
     # The program may run as another uid; it must reach its workspace below here.
@@ -414,117 +411,8 @@ def no_cgroup_left() -> Iterator[None]:
     assert left == [], f"cgroups left behind: {left}"
 
 
-@dataclass
-class HostBaseline:
-    """The host before a test, to find what the test's executions left behind.
-
-    What counts as the execution's: a process that did not exist before (its pid and start
-    time are new) and either descends from this process (made a child subreaper by
-    :meth:`watching`, so a detached daemon still does) or runs under a uid of the backend's
-    identity range that no live lease holds; and a cgroup directory, in any hierarchy, that
-    did not exist before and is still there. A new cgroup that holds processes none of which
-    is the execution's belongs to something else running on the host and is not counted.
-    """
-
-    processes: dict[int, HostProcess]
-    cgroups: frozenset[str]
-    #: The backend's identity range (its leased uids), where it has one.
-    uids: range | None = None
-
-    @classmethod
-    def take(cls, uids: range | None = None) -> HostBaseline:
-        return cls(host_processes(), cgroup_directories(), uids)
-
-    @classmethod
-    @contextmanager
-    def watching(cls, uids: range | None = None) -> Iterator[HostBaseline]:
-        """The baseline, with this process the reaper of its orphans until the block ends."""
-        with child_subreaper():
-            baseline = cls.take(uids)
-            yield baseline
-            # Orphans that died in the meantime were reparented here: reap them, so no
-            # zombie of the test outlives it.
-            me = os.getpid()
-            reap_children(
-                {
-                    p.pid
-                    for p in host_processes().values()
-                    if p.ppid == me and not p.alive and p.pid not in baseline.processes
-                }
-            )
-
-    def _new(self, process: HostProcess) -> bool:
-        before = self.processes.get(process.pid)
-        return before is None or before.started != process.started
-
-    def survivors(self) -> tuple[list[HostProcess], list[IdentityLease]]:
-        """Live processes the execution left, and leases held on the uids some of them run
-        under (release them once those processes are dead)."""
-        now = host_processes()
-        me = os.getpid()
-        left: dict[int, HostProcess] = {}
-        for process in now.values():
-            if process.alive and self._new(process) and _descends_from(process, me, now):
-                left[process.pid] = process
-        leases: list[IdentityLease] = []
-        if self.uids is not None:
-            by_uid: dict[int, list[HostProcess]] = {}
-            for process in now.values():
-                uid = next((u for u in process.uids if u in self.uids), None)
-                if uid is not None and process.alive and self._new(process):
-                    by_uid.setdefault(uid, []).append(process)
-            leased: list[list[HostProcess]] = []
-            for uid, processes in by_uid.items():
-                # A uid another execution holds is that execution's business; one nobody
-                # holds has nothing to run. Leasing it also keeps it from being handed out
-                # while its leftovers are killed.
-                try:
-                    lease = IdentityRange(uid, 1).lease()
-                except (IdentityExhausted, ConfigurationError, OSError):
-                    continue
-                leases.append(lease)
-                leased.append(processes)
-            # Looked at again once leased: a process seen before the lease was taken may have
-            # ended since, with its execution (another one, running beside this test) giving
-            # the uid back just before the lease.
-            again = host_processes() if leased else {}
-            for processes in leased:
-                for p in processes:
-                    seen = again.get(p.pid)
-                    if seen is not None and seen.alive and seen.started == p.started:
-                        left[p.pid] = seen
-        return sorted(left.values(), key=lambda p: p.pid), leases
-
-    def check(self) -> str | None:
-        """Kill (by pidfd) what the execution left and remove its empty cgroups; what was
-        found, for a failure message, or None if nothing was."""
-        survivors, leases = self.survivors()
-        # Named while they still run: a dead process has no command line.
-        named = [p.describe() for p in survivors]
-        try:
-            unkillable = kill_by_pidfd(survivors)
-        finally:
-            for lease in leases:
-                lease.release()
-        cgroups = cgroups_left(self.cgroups, spared={p.pid for p in survivors})
-        remove_cgroups(cgroups)
-        problems = []
-        if survivors:
-            problems.append(
-                f"{len(survivors)} process(es) outlived the execution (killed now"
-                + (f"; {len(unkillable)} would not die" if unkillable else "")
-                + "): "
-                + "; ".join(named)
-            )
-        if cgroups:
-            problems.append(
-                f"{len(cgroups)} cgroup(s) were left behind (removed now where empty): "
-                + ", ".join(cgroups)
-            )
-        return "; ".join(problems) or None
-
-
-def _descends_from(process: HostProcess, ancestor: int, table: dict[int, HostProcess]) -> bool:
+def descends_from(process: HostProcess, ancestor: int, table: dict[int, HostProcess]) -> bool:
+    """Whether ``process`` descends from the process ``ancestor`` in ``table``."""
     seen: set[int] = set()
     current: HostProcess | None = process
     while current is not None and current.pid not in seen:

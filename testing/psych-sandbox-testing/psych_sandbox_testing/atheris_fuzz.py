@@ -1,5 +1,5 @@
 """The frame reader and codec under libFuzzer, through atheris: coverage-guided bytes fed to
-:func:`~psych_sandbox_core.testing.protocol_fuzz.feed_reader`, from a seed corpus of
+:func:`~psych_sandbox_testing.reader_fuzz.feed_reader`, from a seed corpus of
 interesting lines. atheris comes with the test extra where it has wheels (Linux x86_64).
 
 libFuzzer exits the process it runs in, so it runs in a child (``python -m`` this module with
@@ -45,7 +45,7 @@ class Outcome:
 def fuzz(bounds: Sequence[str], *, input_seconds: int = 10, rss_limit_mib: int = 2048) -> Outcome:
     """Run libFuzzer on the reader and codec, bounded by ``bounds`` (libFuzzer's own flags:
     ``-max_total_time=S`` or ``-runs=N``, with ``-seed=N`` for a repeatable run)."""
-    from .protocol_fuzz import interesting_seeds
+    from .reader_fuzz import interesting_seeds
 
     with tempfile.TemporaryDirectory(prefix="psych-fuzz-") as scratch:
         corpus = Path(scratch, "corpus")
@@ -89,8 +89,8 @@ def _child(argv: list[str]) -> None:
 
     # Instrumented for coverage: what is imported inside this block.
     with atheris.instrument_imports(include=["psych_sandbox_core"]):
-        from psych_sandbox_core.testing import protocol_fuzz
-    atheris.Setup([sys.argv[0], *argv], protocol_fuzz.feed_reader)
+        from psych_sandbox_testing import reader_fuzz
+    atheris.Setup([sys.argv[0], *argv], reader_fuzz.feed_reader)
     atheris.Fuzz()
 
 

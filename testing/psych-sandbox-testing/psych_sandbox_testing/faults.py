@@ -89,7 +89,7 @@ class Hosts:
             [
                 sys.executable,
                 "-m",
-                "psych_sandbox_core.testing.faults",
+                "psych_sandbox_testing.faults",
                 backend,
                 json.dumps(options),
                 run_log,
@@ -163,9 +163,9 @@ def _stop_here(point: str) -> None:
 
 def _install(point: str) -> dict[str, Any]:
     """Hook the host at ``point``; the bindings the program calls."""
-    from .._engine import conversation, driver
-    from .._output.artifact_channel import ChannelCollector
-    from ..kit.posix.identity import IdentityLease
+    from psych_sandbox_core._engine import conversation, driver
+    from psych_sandbox_core._output.artifact_channel import ChannelCollector
+    from psych_sandbox_core.kit.posix.identity import IdentityLease
 
     def spend() -> None:
         return None
@@ -223,11 +223,10 @@ def _host(
     """One host: the program in the run of ``points[0]``, stopped there (``host``), or
     COUNT_LEFT once in the run of each point (``restart``)."""
     import anyio
-
-    from .. import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-    from .._bindings.bindings import FunctionBindings
-    from .._bindings.runlog import SQLiteRunLog
-    from ..budgets import BindingBudgets
+    from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+    from psych_sandbox_core._bindings.bindings import FunctionBindings
+    from psych_sandbox_core._bindings.runlog import SQLiteRunLog
+    from psych_sandbox_core.budgets import BindingBudgets
 
     tools = _install(points[0]) if role == "host" else {"spend": lambda: None}
     config = DeploymentConfig(
@@ -274,9 +273,9 @@ def _zygote(backend: str, options_json: str, run_log: str, points_text: str) -> 
     """Import once, fork one host per point, wait for ``restart`` on stdin, reap the killed
     hosts, fork the restarted one and wait for it."""
     # Everything a host needs, imported before the forks (no thread runs yet).
-    from .. import Sandbox  # noqa: F401
-    from .._bindings.bindings import FunctionBindings  # noqa: F401
-    from .._bindings.runlog import SQLiteRunLog  # noqa: F401
+    from psych_sandbox_core import Sandbox  # noqa: F401
+    from psych_sandbox_core._bindings.bindings import FunctionBindings  # noqa: F401
+    from psych_sandbox_core._bindings.runlog import SQLiteRunLog  # noqa: F401
 
     options = json.loads(options_json)
     points = points_text.split(",")

@@ -20,9 +20,8 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-from .._api.sandbox import Sandbox
-from ..kit.interpreter import SYSTEM_CANDIDATES, reachable_by_others
-from ..result import ExecutionResult
+from psych_sandbox_core import ExecutionResult, Sandbox
+from psych_sandbox_core.kit.interpreter import SYSTEM_CANDIDATES, reachable_by_others
 
 #: The tiny distribution the tests install: its module returns a value no standard module has.
 TINY_DISTRIBUTION = "psych-tiny-library"

@@ -11,11 +11,8 @@ import hashlib
 import textwrap
 
 import anyio
+from psych_sandbox_core import DeploymentConfig, ExecutionResult, FunctionBindings, Sandbox
 
-from .._api.sandbox import Sandbox
-from .._bindings.bindings import FunctionBindings
-from .._policy.profiles import DeploymentConfig
-from ..result import ExecutionResult
 from .host import cgroup_directories, cgroups_left
 
 
@@ -143,3 +140,50 @@ async def cgroups_of_one_execution(
                 await reached.wait()
                 tg.cancel_scope.cancel()
     return result, during, cgroups_left(before)
+
+
+#: A daemon that escapes the program's session and ignores SIGTERM: started, and known to be
+#: running (it writes to a pipe), before the program goes on.
+DAEMON = """
+import os, sys, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+r, w = os.pipe()
+os.set_inheritable(w, True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        code = "import os, sys, signal, time\\n" \\
+               "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n" \\
+               "os.write(int(sys.argv[1]), b'x')\\n" \\
+               "while True: time.sleep(1)"
+        os.execv(sys.executable, [sys.executable, "-c", code, str(w), {mark!r}])
+    os._exit(0)
+os.close(w)
+assert os.read(r, 1) == b"x"
+os.wait()
+"""
+
+#: What a program leaves on both streams and returns, warm or cold.
+WARM_PROGRAM = """
+import sys
+print("out", 2 + 2)
+print("err", file=sys.stderr)
+{"answer": [1, 2, 3]}
+"""
+
+#: The program reaches the control channel the way a hostile one would: the bootstrap's own
+#: channel object is in its interpreter, whatever transport the backend chose.
+FORGE = """
+import gc
+channel = next(o for o in gc.get_objects()
+               if type(o).__name__ == "Channel" and hasattr(o, "sock"))
+channel.sock.sendall({payload!r})
+import time
+time.sleep(60)
+"""
+
+HOSTILE_FRAMES = {
+    "junk-field": b'{"type":"call","id":0,"name":"t","arguments":{},"evil":"payload"}\n',
+    "binary-garbage": bytes(range(256)) * 16 + b"\n",
+    "reply-from-child": b'{"type":"reply","id":0,"carries":"value","value_json":"1"}\n',
+}

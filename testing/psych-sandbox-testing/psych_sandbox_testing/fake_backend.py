@@ -28,12 +28,17 @@ from typing import Any, ClassVar
 import anyio
 from anyio.abc import ByteStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-
-from ..grading import Level, Mechanisms
-from ..kit.backend import Backend, BackendOptions, BackendUnavailable, Launched, LaunchRequest
-from ..kit.channel import ChannelListener
-from ..kit.posix.process import ExitStatus
-from ..protocol import (
+from psych_sandbox_core.grading import Level, Mechanisms
+from psych_sandbox_core.kit.backend import (
+    Backend,
+    BackendOptions,
+    BackendUnavailable,
+    Launched,
+    LaunchRequest,
+)
+from psych_sandbox_core.kit.channel import ChannelListener
+from psych_sandbox_core.kit.posix.process import ExitStatus
+from psych_sandbox_core.protocol import (
     PROTOCOL_VERSION,
     ContainmentReport,
     HelloFrame,
@@ -41,7 +46,7 @@ from ..protocol import (
     NetworkObservation,
     decode_host_frame,
 )
-from ..protocol.frames import Frame
+from psych_sandbox_core.protocol.frames import Frame
 
 __all__ = ["FakeBackend", "FakeLaunched", "Relayed", "Script", "ScriptedChild", "honest_report"]
 

@@ -23,3 +23,11 @@ def skip_unless_required(requirement: str, reason: str) -> NoReturn:
     if required(requirement):
         pytest.fail(f"{REQUIRE_VARIABLE} requires {requirement!r}, but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def needs(condition: bool, requirement: str, reason: str) -> pytest.MarkDecorator:
+    """Marks tests that cannot run here unless ``condition``: they skip, or fail where the
+    environment requires ``requirement`` (the plugin reads the ``psych_missing`` mark)."""
+    if condition:
+        return pytest.mark.skipif(False, reason=reason)
+    return pytest.mark.psych_missing(requirement, reason)
