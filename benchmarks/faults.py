@@ -3,7 +3,7 @@ that must reap what they left, judged from the host side.
 
 Each round, per backend: one host per point (the points drawn at random, with repeats, from
 spawn, handshake, mid-binding, artifact collection and teardown; see
-psych_sandbox_core/testing/faults.py), each stopped exactly at its point by a hook and killed
+psych_sandbox_testing/faults.py), each stopped exactly at its point by a hook and killed
 there; what each left is counted (processes, temporary directories, cgroups, uid leases, and
 for docker its containers); then a restarted host runs one execution per killed one and must
 leave nothing of any of them, and each run's call budget must be as the dead host left it
@@ -27,11 +27,11 @@ import time
 from collections import Counter
 
 import anyio
+from psych_sandbox_testing import census, faults
 
 from psych_sandbox_core._bindings.runlog import SQLiteRunLog
 from psych_sandbox_core.kit.posix.identity import IdentityRange
 from psych_sandbox_core.kit.posix.sweep import sweep
-from psych_sandbox_core.testing import census, faults
 
 
 def containers_of(pid: int) -> int:

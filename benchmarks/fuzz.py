@@ -1,7 +1,7 @@
 """Fuzz the host's side of the protocol for a bounded time: the hypothesis state machine over
 the conversation, and the frame reader and codec on bytes (under atheris where it installs
 for this Python, else on hypothesis's random bytes). Both harnesses are in
-psych_sandbox_core/testing/protocol_fuzz.py; the test suite runs them briefly.
+psych_sandbox_testing/protocol_fuzz.py and reader_fuzz.py; the test suite runs them briefly.
 
 A finding is an exception other than the documented ProtocolViolation path, a broken
 invariant of the state machine, an input that takes longer than --input-seconds (a hang) or
@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 # The harness is imported only where it is used: atheris instruments what is imported after
-# it starts (see psych_sandbox_core/testing/atheris_fuzz.py).
+# it starts (see psych_sandbox_testing/atheris_fuzz.py).
 
 BATCH_EXAMPLES = 50
 STEPS = 30
@@ -45,8 +45,7 @@ def _batch() -> Any:
 def machine(seconds: float) -> int:
     """Batches of the state machine, fresh random seeds each, until ``seconds`` are up."""
     from hypothesis.stateful import run_state_machine_as_test
-
-    from psych_sandbox_core.testing.protocol_fuzz import ConversationMachine
+    from psych_sandbox_testing.protocol_fuzz import ConversationMachine
 
     started = time.monotonic()
     batches = 0
@@ -65,8 +64,7 @@ def random_bytes(seconds: float) -> int:
     """The byte target on hypothesis's random bytes, until ``seconds`` are up."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
-
-    from psych_sandbox_core.testing.protocol_fuzz import feed_reader, interesting_seeds
+    from psych_sandbox_testing.reader_fuzz import feed_reader, interesting_seeds
 
     started = time.monotonic()
     inputs = 0
@@ -91,8 +89,8 @@ def random_bytes(seconds: float) -> int:
 
 def atheris_run(seconds: float, input_seconds: float, rss_limit_mib: int) -> int:
     """libFuzzer through atheris for ``seconds``, from the seed corpus (see
-    psych_sandbox_core/testing/atheris_fuzz.py)."""
-    from psych_sandbox_core.testing import atheris_fuzz
+    psych_sandbox_testing/atheris_fuzz.py)."""
+    from psych_sandbox_testing import atheris_fuzz
 
     outcome = atheris_fuzz.fuzz(
         [f"-max_total_time={int(seconds)}"],
@@ -125,7 +123,7 @@ def main() -> None:
         if "machine" in parts:
             failed |= machine(share)
         if "bytes" in parts:
-            from psych_sandbox_core.testing import atheris_fuzz
+            from psych_sandbox_testing import atheris_fuzz
 
             if atheris_fuzz.available():
                 failed |= atheris_run(share, args.input_seconds, args.rss_limit_mib)

@@ -8,7 +8,7 @@ result is checked against the kind of failure its program must end with.
 
 Before (after a warm-up Sandbox ran every kind twice and closed, so the host's imports and
 caches are in place) and after (once the soak's Sandbox closed, its pool of prepared children
-with it), from the host (psych_sandbox_core.testing.census): this process's
+with it), from the host (psych_sandbox_testing.census): this process's
 descendants and the processes in its cgroups and under uids it leased, its open file
 descriptors, its temporary directories, the mounts in its namespace, its cgroups, the uid
 lease files naming it, the engine's containers labelled with it (docker), and its resident
@@ -52,10 +52,10 @@ from collections import Counter
 from typing import Any
 
 import anyio
+from psych_sandbox_testing import census
 
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core._bindings.bindings import FunctionBindings
-from psych_sandbox_core.testing import census
 
 #: Executions per profile when --executions is not given (the issue's numbers).
 DEFAULT_EXECUTIONS = {"docker": 1_000, "gvisor": 1_000}

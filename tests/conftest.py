@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
-from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core.kit.backend import ProbeTargets
-from psych_sandbox_core.kit.probe_harness import ProbeHarness
-
 # Host-side probes, shared with every backend's tests; re-exported for this suite's modules.
-from psych_sandbox_core.testing.host import (  # noqa: F401
+from psych_sandbox_testing.host import (  # noqa: F401
     marker,
     open_fds,
     pids_with,
     private_tempdir,
     wait_for_pids,
 )
+
+from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+from psych_sandbox_core.kit.backend import ProbeTargets
+from psych_sandbox_core.kit.probe_harness import ProbeHarness
 
 PROFILE = "test"
 

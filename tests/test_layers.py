@@ -5,6 +5,7 @@ import circle, no module over the size a reader holds at once, and few rooms on 
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -91,11 +92,9 @@ def breaches() -> set[tuple[str, str]]:
     for module, _, target in edges():
         own, other = layer_of(module, table), layer_of(target, table)
         assert own is not None and other is not None, (module, target)
-        testing = within(target, f"{CORE}.testing")
         child = within(module, f"{CORE}.child") and module != f"{CORE}.child.loader"
         if (
             other > own
-            or (testing and not within(module, f"{CORE}.testing"))
             or child
             or (
                 within(module, f"{CORE}.protocol")
@@ -129,8 +128,7 @@ def test_every_known_exception_still_occurs() -> None:
         ("protocol.frames", "from ..budgets import x\n", f"{CORE}.budgets"),
         ("backends.subprocess", "from .._engine.host import x\n", f"{CORE}._engine.host"),
         ("_policy.selection", "def f():\n    from .._api import sandbox\n", f"{CORE}._api.sandbox"),
-        ("result", "from .testing.host import marker\n", f"{CORE}.testing.host"),
-        ("child.bootstrap", "from ..errors import SandboxError\n", f"{CORE}.errors"),
+        ("child.channel", "from ..errors import SandboxError\n", f"{CORE}.errors"),
         ("kit.backend", "from .._engine import host\n", f"{CORE}._engine.host"),
     ],
 )
@@ -144,6 +142,36 @@ def test_the_rule_catches_a_breach(
     modules = {**core_modules(), name: planted}
     monkeypatch.setattr(f"{__name__}.core_modules", lambda: modules)
     assert (name, breach) in breaches()
+
+
+#: The test kit, a distribution of its own that depends on the core (and on pytest).
+TEST_KIT = "psych_sandbox_testing"
+
+
+def imports_of_the_test_kit(path: Path) -> list[int]:
+    """The lines of ``path`` that import the test kit."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if (
+            isinstance(node, ast.Import)
+            and any(a.name.split(".")[0] == TEST_KIT for a in node.names)
+        )
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == TEST_KIT)
+    ]
+
+
+def test_the_core_never_imports_the_test_kit(tmp_path: Path) -> None:
+    # pytest is not a dependency of the core; the test kit depends on the core, not back.
+    found = [
+        f"{name}:{line}"
+        for name, path in core_modules().items()
+        for line in imports_of_the_test_kit(path)
+    ]
+    assert found == []
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from psych_sandbox_testing.host import marker\n")
+    assert imports_of_the_test_kit(planted) == [2]
 
 
 def test_type_only_imports_are_not_dependencies(tmp_path: Path) -> None:

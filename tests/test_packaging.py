@@ -39,14 +39,14 @@ class Source:
 
 
 SOURCES = [
-    # The core's docs ship with it (its package page cannot link to the repository), and the
-    # repository's top-level conftest.py is part of its tests.
+    # The core's docs ship with it (its package page cannot link to the repository).
+    Source("psych-sandbox-core", ROOT, "psych_sandbox_core", "PACKAGE.md", frozenset({"docs"})),
+    # The test kit, in lockstep with the core.
     Source(
-        "psych-sandbox-core",
-        ROOT,
-        "psych_sandbox_core",
-        "PACKAGE.md",
-        frozenset({"docs", "conftest.py"}),
+        "psych-sandbox-testing",
+        ROOT / "testing" / "psych-sandbox-testing",
+        "psych_sandbox_testing",
+        "README.md",
     ),
     Source(
         "psych-sandbox-bwrap",
@@ -78,6 +78,24 @@ SOURCES = [
         "psych-sandbox-remote",
         ROOT / "plugins" / "psych-sandbox-remote",
         "psych_sandbox_remote",
+        "README.md",
+    ),
+    Source(
+        "psych-sandbox-mcp",
+        ROOT / "integrations" / "psych-sandbox-mcp",
+        "psych_sandbox_mcp",
+        "README.md",
+    ),
+    Source(
+        "psych-sandbox-pydantic-ai",
+        ROOT / "integrations" / "psych-sandbox-pydantic-ai",
+        "psych_sandbox_pydantic_ai",
+        "README.md",
+    ),
+    Source(
+        "psych-sandbox-smolagents",
+        ROOT / "integrations" / "psych-sandbox-smolagents",
+        "psych_sandbox_smolagents",
         "README.md",
     ),
 ]
@@ -235,6 +253,10 @@ def test_classifiers_and_a_compatible_range_of_the_core(built: dict[str, Built])
             for r in metadata.get_all("Requires-Dist") or []
             if Requirement(r).name == "psych-sandbox-core"
         ]
+        if item.source.name == "psych-sandbox-testing":
+            # The test kit drives the core's internals: released with it, for it alone.
+            assert str(core.specifier) == f"=={core_version}"
+            continue
         # A plugin imports the core's internals: it accepts this minor version, not the next.
         assert core.specifier.contains(core_version)
         major, minor, *_ = (int(part) for part in core_version.split("."))
@@ -291,6 +313,9 @@ def test_the_wheels_install_into_a_fresh_environment_and_run_a_program(
         env,
     )
     assert Path(where.strip()).is_relative_to(venv), where
+    # Every distribution's package imports with what its metadata made the installer bring.
+    packages = sorted(item.source.package for item in built.values())
+    _run([python, "-c", f"import {', '.join(packages)}"], tmp_path, env)
 
     program = tmp_path / "hello.py"
     program.write_text("import sys\nprint('hello from', sys.implementation.name)\n{'answer': 42}\n")
@@ -319,6 +344,10 @@ def test_the_wheels_install_into_a_fresh_environment_and_run_a_program(
         ("windows", "psych-sandbox-windows", "0.2.0"),
     }
     assert _run([python, "-m", "psych_sandbox_core", "--version"], tmp_path, env) == version
+
+    # The test kit's pytest plugin is registered by its entry point: its marker is known.
+    markers = _run([python, "-m", "pytest", "--markers", "-p", "no:cacheprovider"], tmp_path, env)
+    assert "@pytest.mark.psych_missing(requirement, reason)" in markers, markers
 
     # The package page's way to the installed documentation works.
     page = (ROOT / "PACKAGE.md").read_text()

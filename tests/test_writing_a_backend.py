@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from psych_sandbox_core.testing.conformance import BackendConformance
+from psych_sandbox_testing.conformance import BackendConformance
 
 if sys.version_info >= (3, 11):
     import tomllib

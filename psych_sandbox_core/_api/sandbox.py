@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
-import uuid
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -13,13 +11,11 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .._bindings.bindings import BindingProvider, CallServer, ExecutionScope, ToolSpec
-from .._bindings.catalogue import NAMESPACE_NAMES
+from .._bindings.bindings import BindingProvider
 from .._bindings.runlog import MemoryRunLog, RunLog, SQLiteRunLog
-from .._engine.command import command_spec
-from .._engine.host import ExecutionPlan, execute
-from .._engine.inputs import Inputs, input_files
+from .._engine.host import execute
 from .._engine.pool import AUTOMATIC_SIZE, WarmPool, WarmSettings, WarmStatus
+from .._engine.program import Inputs, Program, command_program, python_program
 from .._output.attachments import (
     DEFAULT_RUNS_IN_MEMORY,
     DEFAULT_WINDOW_BYTES,
@@ -29,35 +25,18 @@ from .._output.attachments import (
 from .._output.blobstore import BlobStore
 from .._output.paging import DEFAULT_SEARCH_DEADLINE_SECONDS, SearchSettings
 from .._output.pattern_search import SearchResult
-from .._output.preservation import OutputContext
 from .._output.streaming import OutputCallback, relaying
-from .._policy.config import ConfigSource, check_config, create_backend, resolve_config
-from .._policy.narrowing import (
-    BackendCapability,
-    ExecutionRequest,
-    TenantPolicy,
-    Terms,
-    narrow,
-    request_for,
-    strictest_level,
-)
-from .._policy.profiles import DEFAULT_PROFILE, ProfileConfig
+from .._policy.config import ConfigSource, check_config, resolve_config
+from .._policy.narrowing import ExecutionRequest, TenantPolicy, request_for
 from .._policy.registry import BackendRegistry
 from .._policy.selection import Selection
 from .._policy.selection_cache import SelectionCache
 from .._policy.state import state_directory
-from .._policy.trials import remembered_or_selected, select_default
-from ..errors import (
-    ConfigurationError,
-    ErrorKind,
-    SandboxClosedError,
-    UnknownBackendError,
-    UnknownProfileError,
-)
+from ..errors import ConfigurationError, ErrorKind, SandboxClosedError
 from ..grading import level_at_least
-from ..kit.backend import Backend
-from ..protocol.frames import CommandSpec, InputFile
-from ..result import BackendIdentity, ExecutionFailure, ExecutionResult
+from ..result import ExecutionResult
+from .loading import LoadedProfile, ProfileLoader
+from .planning import plan_execution, with_notes
 
 
 def default_run_log_path() -> str:
@@ -74,49 +53,6 @@ def default_run_log_path() -> str:
             "run_log= or set PSYCH_SANDBOX_RUN_LOG"
         ) from None
     return os.path.join(directory, "run-log.sqlite")
-
-
-#: How many different requests' terms a loaded profile keeps.
-TERMS_KEPT = 64
-
-
-@dataclasses.dataclass
-class _LoadedProfile:
-    name: str
-    config: ProfileConfig
-    backend: Backend
-    identity: BackendIdentity
-    #: How ``default`` chose its backend on this host; None when the profile names one.
-    selection: Selection | None = None
-    #: The terms of the requests seen so far (see :meth:`terms`).
-    _terms: dict[tuple[TenantPolicy | None, ExecutionRequest], Terms] = dataclasses.field(
-        default_factory=dict, repr=False
-    )
-
-    def terms(self, policy: TenantPolicy | None, request: ExecutionRequest) -> Terms:
-        """The terms of an execution of this profile (narrow). Kept for requests seen before:
-        the same inputs give the same terms, and a caller sends the same request time after
-        time. Refusals are not kept (each result gets a failure of its own), nor are the
-        terms of more than TERMS_KEPT different requests (all are dropped then)."""
-        key = (policy, request)
-        try:
-            kept, keepable = self._terms.get(key), True
-        except TypeError:  # something unhashable in the policy or the request
-            kept, keepable = None, False
-        if kept is not None:
-            return kept
-        terms = narrow(
-            BackendCapability.of(type(self.backend)),
-            policy or TenantPolicy(),
-            request,
-            self.name,
-            self.config,
-        )
-        if keepable and terms.refusal is None:
-            if len(self._terms) >= TERMS_KEPT:
-                self._terms.clear()
-            self._terms[key] = terms
-        return terms
 
 
 class Sandbox:
@@ -161,12 +97,7 @@ class Sandbox:
         self.config = resolve_config(config)
         self.registry = registry or BackendRegistry()
         check_config(self.config, self.registry)
-        # Where default's choice is remembered across processes (selection_cache.py): for a
-        # process that runs one program, as the CLI does. Without one, it is the process's.
-        self._selection_cache = selection_cache
-        self._remembered: Selection | None = None
-        self._loaded: dict[str, _LoadedProfile] = {}
-        self._lock = anyio.Lock()
+        self._profiles = ProfileLoader(self.config, self.registry, selection_cache)
         self._closed = False
         # Warm children live in a task group that exists only inside ``async with``.
         self._task_group: TaskGroup | None = None
@@ -198,8 +129,7 @@ class Sandbox:
         self._pools.clear()
 
     def profile_names(self) -> list[str]:
-        names = set(self.config.profiles) | {DEFAULT_PROFILE} | set(self.registry.ids())
-        return sorted(names)
+        return self._profiles.profile_names()
 
     async def run(
         self,
@@ -240,20 +170,16 @@ class Sandbox:
         """
         if self._closed:
             raise SandboxClosedError("run() called on a closed Sandbox")
-        if not isinstance(source, str):
-            raise TypeError("source must be a str")
-        if preamble is not None and not isinstance(preamble, str):
-            raise TypeError("preamble must be a str")
-        variables_json = None if variables is None else given_variables(variables)
-        for given in (preamble, variables_json):
-            # The caller's text, not the model's: a lone surrogate is a mistake said at once
-            # (UnicodeEncodeError), where the program's own is refused on the result.
-            if given is not None:
-                given.encode("utf-8")
-        return await self._execute(
+        build = partial(
+            python_program,
             source,
-            None,
-            inputs,
+            inputs=inputs,
+            preamble=preamble,
+            variables=variables,
+            keep_variables=keep_variables,
+        )
+        return await self._execute(
+            await _built(build, inputs),
             request_for(request, profile, timeout),
             bindings=bindings,
             policy=policy,
@@ -262,9 +188,6 @@ class Sandbox:
             cancel=cancel,
             require_preservation=require_preservation,
             on_output=on_output,
-            preamble=preamble,
-            variables_json=variables_json,
-            keep_variables=keep_variables,
         )
 
     async def exec(
@@ -293,11 +216,9 @@ class Sandbox:
         ``on_output`` (as for run) raised."""
         if self._closed:
             raise SandboxClosedError("exec() called on a closed Sandbox")
-        spec = command_spec(command, shell=shell)
+        build = partial(command_program, command, shell=shell, inputs=inputs)
         return await self._execute(
-            "",
-            spec,
-            inputs,
+            await _built(build, inputs),
             request_for(request, profile, timeout),
             bindings=None,
             policy=policy,
@@ -310,9 +231,7 @@ class Sandbox:
 
     async def _execute(
         self,
-        source: str,
-        command: CommandSpec | None,
-        inputs: Inputs | None,
+        program: Program,
         request: ExecutionRequest,
         *,
         bindings: BindingProvider | None,
@@ -321,87 +240,24 @@ class Sandbox:
         run_id: str | None,
         cancel: anyio.Event | None,
         require_preservation: bool,
-        on_output: OutputCallback | None = None,
-        preamble: str | None = None,
-        variables_json: str | None = None,
-        keep_variables: bool = False,
+        on_output: OutputCallback | None,
     ) -> ExecutionResult:
         loaded = await self._load(request.profile)
-        terms = loaded.terms(policy, request)
-        limits = terms.limits
-        files: tuple[InputFile, ...] = ()
-        if inputs:
-            # Checked and read before anything starts (a host file read off the event loop).
-            files = await anyio.to_thread.run_sync(
-                partial(
-                    input_files,
-                    inputs,
-                    file_size_bytes=limits.file_size_bytes,
-                    workspace_bytes=loaded.backend.workspace_bytes(),
-                )
-            )
-        refusal = terms.refusal
-        if (
-            loaded.selection is not None
-            and refusal is not None
-            and (refusal.kind is ErrorKind.ISOLATION_UNAVAILABLE)
-        ):
-            # default fell back to a weaker backend: say what would reach the level.
-            refusal = refusal.model_copy(
-                update={"message": f"{refusal.message}; {loaded.selection.fix()}"}
-            )
-        if command is not None and not type(loaded.backend).runs_commands:
-            refusal = refusal or ExecutionFailure.of(
-                ErrorKind.POLICY_REFUSED,
-                f"the {loaded.identity.id} backend of profile {loaded.name!r} runs Python "
-                "programs only, not commands; nothing was run",
-            )
-        budgets = loaded.config.budgets
-        if policy is not None and policy.budgets is not None:
-            budgets = budgets.narrowed(policy.budgets)
-        execution_id = uuid.uuid4().hex
-        # Asked at the start of every execution: a tool withdrawn since the last one is gone.
-        specs, failure = await _listed_tools(bindings, limits.wall_seconds)
-        scope = ExecutionScope(tenant, run_id or execution_id, execution_id)
         run_log = self._ephemeral_run_log if run_id is None else self._durable_log()
-        outputs = self.attachments if loaded.config.output.read_output else None
-        try:
-            calls = CallServer(
-                bindings if failure is None else None,
-                specs,
-                budgets=budgets,
-                run_log=run_log,
-                scope=scope,
-                blob_store=self.blob_store if bindings is not None else None,
-                search=self._search,
-                outputs=outputs,
-            )
-        except ConfigurationError as exc:
-            # What the provider listed cannot be offered (a name twice, too many): its fault,
-            # reported on the result like any failure, never raised out of run().
-            failure = _provider_failure(f"it listed tools that cannot be offered: {exc}")
-            calls = CallServer(None, [], budgets=budgets, run_log=run_log, scope=scope)
-        if failure is not None:
-            refusal = refusal or failure
-        plan = ExecutionPlan(
-            source=source,
-            limits=limits,
-            profile=loaded.name,
-            backend_identity=loaded.identity,
-            claimed_level=type(loaded.backend).claims,
-            required_level=terms.required_level,
-            network_allowed=terms.network,
-            refusal=refusal,
-            calls=calls,
+        plan, scope = await plan_execution(
+            loaded,
+            program,
+            request,
+            bindings=bindings,
+            policy=policy,
+            tenant=tenant,
+            run_id=run_id,
             cancel=cancel,
-            output=self._output_context(
-                loaded, tenant, run_id or execution_id, require_preservation
-            ),
-            command=command,
-            inputs=files,
-            preamble=preamble,
-            variables_json=variables_json,
-            keep_variables=keep_variables,
+            require_preservation=require_preservation,
+            run_log=run_log,
+            attachments=self.attachments,
+            blob_store=self.blob_store,
+            search=self._search,
         )
         pool = self._pool(loaded)
         try:
@@ -420,9 +276,7 @@ class Sandbox:
             # The remembered backend no longer starts here, so the program did not run:
             # choose again with trials and run it, as if nothing had been remembered.
             return await self._execute(
-                source,
-                command,
-                inputs,
+                program,
                 request,
                 bindings=bindings,
                 policy=policy,
@@ -431,26 +285,20 @@ class Sandbox:
                 cancel=cancel,
                 require_preservation=require_preservation,
                 on_output=on_output,
-                preamble=preamble,
-                variables_json=variables_json,
-                keep_variables=keep_variables,
             )
-        return _with_notes(result, loaded.selection)
+        return with_notes(result, loaded.selection)
 
-    def _forget_stale_choice(self, loaded: _LoadedProfile, result: ExecutionResult) -> bool:
+    def _forget_stale_choice(self, loaded: LoadedProfile, result: ExecutionResult) -> bool:
         """Forget a remembered choice of default's that this execution showed wrong here;
         True when the program did not run, so it may run on a fresh choice."""
         selection = loaded.selection
-        if selection is None or not selection.remembered or self._selection_cache is None:
+        if selection is None:
             return False
         not_ready = result.error is not None and result.error.kind is ErrorKind.BACKEND_NOT_READY
         weaker = bool(result.grades) and not level_at_least(result.level, selection.chosen.claims)
-        if not (not_ready or weaker):
+        if not self._profiles.forget_stale_choice(loaded, not_ready, weaker):
             return False
-        self._selection_cache.forget()
-        self._loaded.pop(loaded.name, None)
         self._pools.pop(loaded.name, None)
-        self._remembered = None
         return not_ready
 
     async def warmed(self, profile: str) -> None:
@@ -467,7 +315,7 @@ class Sandbox:
         pool = self._pools.get(profile)
         return None if pool is None else pool.status()
 
-    def _pool(self, loaded: _LoadedProfile) -> WarmPool | None:
+    def _pool(self, loaded: LoadedProfile) -> WarmPool | None:
         config = loaded.config
         if self._task_group is None or config.warm == 0:
             return None
@@ -494,14 +342,6 @@ class Sandbox:
         if self._durable_run_log is None:
             self._durable_run_log = SQLiteRunLog(default_run_log_path())
         return self._durable_run_log
-
-    def _output_context(
-        self, loaded: _LoadedProfile, tenant: str, run_id: str, require: bool
-    ) -> OutputContext:
-        policy = loaded.config.output
-        if require and not policy.require_preservation:
-            policy = policy.model_copy(update={"require_preservation": True})
-        return OutputContext(policy, self.attachments, tenant, run_id)
 
     async def read_attachment(
         self,
@@ -537,62 +377,8 @@ class Sandbox:
             max_matches=max_matches,
         )
 
-    async def _load(self, name: str) -> _LoadedProfile:
-        if name in self._loaded:
-            return self._loaded[name]
-        async with self._lock:
-            if name in self._loaded:
-                return self._loaded[name]
-            config = self.config.profiles.get(name)
-            if config is None:
-                if name == DEFAULT_PROFILE:
-                    config = ProfileConfig()
-                elif self._installed(name):
-                    config = ProfileConfig(backend=name)
-                else:
-                    close = difflib.get_close_matches(name, self.profile_names(), n=1)
-                    raise UnknownProfileError(
-                        f"no profile named {name!r} is configured"
-                        + (f" (did you mean {close[0]!r}?)" if close else "")
-                        + f"; known profiles: {', '.join(self.profile_names())}"
-                    )
-            selection: Selection | None = None
-            if config.backend is None:
-                if name != DEFAULT_PROFILE:
-                    raise ConfigurationError(f"profile {name!r} names no backend")
-                selection = await self.default_selection()
-                unreachable = selection.below_required(name, config.required_level)
-                if unreachable is not None:
-                    raise ConfigurationError(unreachable)
-                backend_id = selection.chosen.backend_id
-            else:
-                backend_id = config.backend
-            backend = create_backend(self.registry, name, backend_id, dict(config.options))
-            registered = self.registry.get(backend_id)
-            # The deployment's floor narrows every profile: below it a run is refused.
-            floor = strictest_level([config.required_level, self.config.required_level])
-            loaded = _LoadedProfile(
-                name,
-                config.model_copy(update={"required_level": floor}),
-                backend,
-                BackendIdentity(
-                    id=backend_id,
-                    distribution=registered.distribution,
-                    version=registered.version,
-                ),
-                selection,
-            )
-            self._loaded[name] = loaded
-            return loaded
-
-    def _installed(self, backend_id: str) -> bool:
-        """Whether a backend of that id is installed, loading only its own plugin when the
-        entry point is named for it (as it should be), not every installed one."""
-        try:
-            self.registry.get(backend_id)
-        except UnknownBackendError:
-            return False
-        return True
+    async def _load(self, name: str) -> LoadedProfile:
+        return await self._profiles.load(name)
 
     async def strongest_working_backend(self) -> str:
         """The backend ``default`` runs on this host (see :meth:`default_selection`)."""
@@ -601,82 +387,12 @@ class Sandbox:
     async def default_selection(self) -> Selection:
         """What ``default`` runs on this host (see trials.select_default), or what a
         selection cache remembers it ran on recently."""
-        preference = self.config.backend_preference
-        cache = self._selection_cache
-        if cache is None:
-            return await select_default(self.registry, preference)
-        if self._remembered is None:
-            self._remembered = await remembered_or_selected(self.registry, preference, cache)
-        return self._remembered
+        return await self._profiles.default_selection()
 
 
-async def _listed_tools(
-    bindings: BindingProvider | None, wall_seconds: float
-) -> tuple[list[ToolSpec], ExecutionFailure | None]:
-    """The tools ``bindings`` lists now, or why it could not (a failure, as data): a provider
-    that raises or does not answer within the execution's wall clock fails the execution."""
-    if bindings is None:
-        return [], None
-    try:
-        with anyio.fail_after(wall_seconds):
-            specs = list(await bindings.list_tools())
-    except TimeoutError:
-        return [], _provider_failure(f"listing the tools did not finish within {wall_seconds:g} s")
-    except Exception as exc:
-        return [], _provider_failure(f"listing the tools raised {type(exc).__name__}: {exc}")
-    if not all(isinstance(spec, (ToolSpec, str)) for spec in specs):
-        return [], _provider_failure("it listed something that is not a ToolSpec")
-    return specs, None
-
-
-def _provider_failure(why: str) -> ExecutionFailure:
-    return ExecutionFailure.of(
-        ErrorKind.PROVIDER_ERROR,
-        f"the binding provider failed, so the program did not run: {why}"[:4096],
-    )
-
-
-def _with_notes(result: ExecutionResult, selection: Selection | None) -> ExecutionResult:
-    """The result, noting a run below the isolated level that nothing asked for: the
-    backend was chosen by ``default`` on this host, not named by a profile."""
-    if selection is None or not result.grades:
-        return result
-    if result.error is not None and result.error.kind in _NOT_RUN:
-        return result
-    note = selection.note(result.level, result.grades)
-    if note is None:
-        return result
-    return result.model_copy(update={"notes": [*result.notes, note]})
-
-
-#: Failures that mean the program did not run, so there is nothing to note about how.
-_NOT_RUN = frozenset(
-    {
-        ErrorKind.ISOLATION_UNAVAILABLE,
-        ErrorKind.NETWORK_NOT_ALLOWED,
-        ErrorKind.BACKEND_NOT_READY,
-        ErrorKind.POLICY_REFUSED,
-    }
-)
-
-
-def given_variables(variables: Mapping[str, Any]) -> str:
-    """``variables`` as the JSON object text a run frame carries; raises TypeError or
-    ValueError for a name that is not a plain identifier (or is the namespace's own, or
-    starts with "_") or a value that is not JSON data: the caller's mistake, said at once."""
-    import json
-    import keyword
-
-    for name in variables:
-        if (
-            not isinstance(name, str)
-            or not name.isidentifier()
-            or keyword.iskeyword(name)
-            or name.startswith("_")
-            or name in NAMESPACE_NAMES
-        ):
-            raise ValueError(f"variables: {name!r} cannot be given to a program as a name")
-    try:
-        return json.dumps(dict(variables), allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"variables must be JSON data: {exc}") from None
+async def _built(build: partial[Program], inputs: Inputs | None) -> Program:
+    """The caller's program, checked; with inputs, built off the event loop (host files are
+    read then)."""
+    if inputs:
+        return await anyio.to_thread.run_sync(build)
+    return build()

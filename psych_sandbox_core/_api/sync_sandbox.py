@@ -30,8 +30,8 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .._bindings.bindings import BindingProvider
 from .._bindings.runlog import RunLog
-from .._engine.inputs import Inputs
 from .._engine.pool import WarmStatus
+from .._engine.program import Inputs
 from .._output.attachments import DEFAULT_RUNS_IN_MEMORY, DEFAULT_WINDOW_BYTES, Window
 from .._output.blobstore import BlobStore
 from .._output.paging import DEFAULT_SEARCH_DEADLINE_SECONDS

@@ -1,7 +1,7 @@
 """One execution's binding calls while its program runs: several in flight at once.
 
 The driver hands each call frame here as it reads it and goes on reading. A call is
-accepted in the order the program made it (bindings.CallServer.accept: the id must be the
+accepted in the order the program made it (call_server.CallServer.accept: the id must be the
 exact successor of the last, the call and argument budgets and the run log are charged in
 that order), then served in a task of its own, so a slow tool holds neither the channel nor
 the calls after it. Replies go out as tools finish, one writer at a time on the link; the
@@ -34,7 +34,7 @@ from contextlib import asynccontextmanager
 import anyio
 from anyio.abc import TaskGroup
 
-from .._bindings.bindings import AcceptedCall, CallServer
+from .._bindings.call_server import AcceptedCall, CallServer
 from ..errors import ProtocolViolation
 from ..kit.watchers import waited
 from ..protocol import CallFrame

@@ -30,17 +30,15 @@ from ..protocol import (
     CancelFrame,
     ChildFrame,
     ChildLimits,
-    CommandSpec,
     HelloFrame,
     HostFrame,
-    InputFile,
     ResultFrame,
-    RunFrame,
 )
 from ..protocol.frames import CatalogueEntry
 from ..protocol.framing import FrameCeilings
 from ..result import ExecutionFailure
 from ..terms import ExecutionLimits
+from .program import Program
 
 
 class State(enum.Enum):
@@ -138,7 +136,8 @@ Action = Send | Answer | CancelCall | DecodeValue | Narrow | Close
 class ProgramTerms:
     """What the conversation needs to know to give the child its program (or refuse it)."""
 
-    source: str
+    #: The caller's program, unchanged since Sandbox.run or exec built it.
+    program: Program
     limits: ExecutionLimits
     #: The execution's argument budget per call (the call server's), in bytes.
     argument_bytes: int
@@ -155,14 +154,6 @@ class ProgramTerms:
     catalogue: list[CatalogueEntry] | None = None
     #: How many of the program's calls may be in flight at once (None: the child's default).
     calls_in_flight: int | None = None
-    #: A command to run instead of the source (command mode).
-    command: CommandSpec | None = None
-    #: Files the child places in its workspace first.
-    inputs: tuple[InputFile, ...] = ()
-    #: The caller's code and names given to the program, and whether its variables come back.
-    preamble: str | None = None
-    variables_json: str | None = None
-    keep_variables: bool = False
 
     @property
     def refused(self) -> bool:
@@ -341,10 +332,10 @@ class Conversation:
                 self.refusal = refusal
             return [Send(AbortFrame(reason=refusal.message)), Close()]
         self.collector = terms.collector
-        self._command = terms.command is not None
+        self._command = terms.program.command is not None
         limits = terms.limits
         self._value_cap = limits.return_value_bytes
-        self._keep_variables = terms.keep_variables
+        self._keep_variables = terms.program.keep_variables
         return [
             # From here on each kind of frame is held to what these terms allow it to weigh.
             Narrow(
@@ -354,10 +345,7 @@ class Conversation:
                 )
             ),
             Send(
-                RunFrame(
-                    source=terms.source,
-                    command=terms.command,
-                    inputs=list(terms.inputs) or None,
+                terms.program.run_frame(
                     tools=terms.tools,
                     catalogue=terms.catalogue,
                     limits=ChildLimits(
@@ -371,9 +359,6 @@ class Conversation:
                     ),
                     artifacts=None if terms.collector is None else terms.collector.request,
                     end_marker=terms.end_marker,
-                    preamble=terms.preamble,
-                    variables_json=terms.variables_json,
-                    keep_variables=terms.keep_variables,
                 )
             ),
         ]

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from .._bindings.bindings import CallServer
+from .._bindings.call_server import CallServer
 from ..errors import ProtocolViolation
 from ..grading import Mechanisms
 from ..kit.channel import INLINE_DECODE_BYTES, ChannelListener

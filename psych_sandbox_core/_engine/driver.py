@@ -17,7 +17,7 @@ from functools import partial
 import anyio
 from anyio.abc import ByteReceiveStream
 
-from .._bindings.bindings import CallServer
+from .._bindings.call_server import CallServer
 from .._output.artifact_channel import ChannelCollector
 from .._output.artifacts import Collection, collection_failure
 from .._output.capture import StreamCapture
@@ -281,7 +281,7 @@ class ChildDriver:
         calls = plan.calls if plan.calls is not None else CallServer(None, [])
         wanted = artifact_collector(plan.output, self._launched.workspace_path)
         terms = ProgramTerms(
-            source=plan.source,
+            program=plan.program,
             limits=plan.limits,
             argument_bytes=calls.budgets.argument_bytes_per_call,
             tools=calls.offered,
@@ -291,11 +291,6 @@ class ChildDriver:
             cancelled=self.cancelled,
             collector=wanted if isinstance(wanted, ChannelCollector) else None,
             end_marker=end_marker,
-            command=plan.command,
-            inputs=plan.inputs,
-            preamble=plan.preamble,
-            variables_json=plan.variables_json,
-            keep_variables=plan.keep_variables,
         )
         if not terms.refused:
             self._calls = calls

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._bindings.bindings import CallServer
+from .._bindings.call_server import CallServer
 from .._output.artifacts import Collection
 from .._output.capture import StreamCapture
 from .._output.preservation import preserve, unavailable_failure

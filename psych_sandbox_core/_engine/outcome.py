@@ -66,9 +66,8 @@ class Happened:
 
 def refusal_of(plan: ExecutionPlan, grades: Mapping[Guarantee, Grade]) -> ExecutionFailure | None:
     """Why the program must not be sent to a child graded ``grades``, or None."""
-    return _terms_refusal(plan, grades) or _unsendable_source(
-        plan.source, len(plan.preamble or "") + len(plan.variables_json or "")
-    )
+    program = plan.program
+    return _terms_refusal(plan, grades) or _unsendable_source(program.source, program.caller_chars)
 
 
 def _terms_refusal(
@@ -206,7 +205,7 @@ def failure_of(happened: Happened) -> ExecutionFailure | None:
 
 
 def _what(plan: ExecutionPlan) -> str:
-    return "program" if plan.command is None else "command"
+    return plan.program.what
 
 
 def _result_failure(result: ResultFrame) -> ExecutionFailure | None:
@@ -307,7 +306,7 @@ def _variables(h: Happened, *, value_shown: bool) -> dict[str, Any] | None:
     The child's text is hostile input: held to the return value's cap, decoded as a value is,
     and an object or nothing."""
     text = None if h.result is None else h.result.variables_json
-    if not (h.plan.keep_variables and value_shown) or text is None:
+    if not (h.plan.program.keep_variables and value_shown) or text is None:
         return None
     try:
         variables = decode_value_json(text, h.plan.limits.return_value_bytes)

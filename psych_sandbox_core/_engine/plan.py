@@ -1,4 +1,4 @@
-"""The narrowed terms of one execution, as the host driver receives them."""
+"""The narrowed terms of one execution, and its program, as the host driver receives them."""
 
 from __future__ import annotations
 
@@ -6,21 +6,21 @@ from dataclasses import dataclass
 
 import anyio
 
-from .._bindings.bindings import CallServer
+from .._bindings.call_server import CallServer
 from .._output.preservation import OutputContext
 from .._output.streaming import OutputRelay
 from ..grading import Level
-from ..protocol.frames import CommandSpec, InputFile
 from ..result import BackendIdentity, ExecutionFailure
 from ..terms import ExecutionLimits
+from .program import Program
 
 
 @dataclass(frozen=True)
 class ExecutionPlan:
     """The narrowed terms of one execution (see terms.py and profiles.py)."""
 
-    #: The program's text ("" for a command).
-    source: str
+    #: What the caller gave the child to run, carried unchanged to its run frame.
+    program: Program
     limits: ExecutionLimits
     profile: str
     backend_identity: BackendIdentity
@@ -39,15 +39,5 @@ class ExecutionPlan:
     refusal: ExecutionFailure | None = None
     #: Previews, attachments and artifacts (see attachments.py); None gives previews only.
     output: OutputContext | None = None
-    #: Command mode: run this instead of a program (see command.py).
-    command: CommandSpec | None = None
-    #: Files the child places in its workspace before the program starts (see inputs.py).
-    inputs: tuple[InputFile, ...] = ()
     #: Hands the program's output to a callback while it runs (streaming.py); None: nobody.
     relay: OutputRelay | None = None
-    #: Code run ahead of the program in its namespace (Sandbox.run's ``preamble``).
-    preamble: str | None = None
-    #: Names given to the program as a JSON object's text (Sandbox.run's ``variables``).
-    variables_json: str | None = None
-    #: Hand back the program's global names that hold JSON data (``result.variables``).
-    keep_variables: bool = False

@@ -1,8 +1,9 @@
 """The deployment's ``[mcp]`` section: the upstream MCP servers whose tools programs may call,
 and the profile ``psych-sandbox mcp`` runs programs under.
 
-Plain, strict models with no MCP import, so a configuration file is validated the same way
-whether or not the ``mcp`` extra is installed::
+Plain, strict models with no MCP import, kept in the core (and exposed to psych-sandbox-mcp
+by the integration kit), so a configuration file is validated at load the same way whether
+or not that integration is installed::
 
     [mcp]
     profile = "agents"

@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 
 from .._engine.host import ExecutionPlan, execute
+from .._engine.program import Program
 from ..errors import ConfigurationError, ErrorKind
 from ..grading import Level, level_at_least
 from ..kit.backend import Availability, Backend
@@ -104,7 +105,7 @@ async def availability(
         reason = backend.unavailable_reason()
         if reason is None:
             plan = ExecutionPlan(
-                source="None",
+                program=Program(source="None"),
                 limits=ExecutionLimits(wall_seconds=60.0),
                 profile="<trial>",
                 backend_identity=BackendIdentity(

@@ -1,2 +1,3 @@
-"""The child side: the bootstrap the sandboxed interpreter runs (standard library only) and how
-it reaches that interpreter (``loader``)."""
+"""The child side: the bootstrap the sandboxed interpreter runs (standard library only), as
+modules of one idea each, and ``loader``, which assembles them into the one source that
+interpreter runs and passes it there."""

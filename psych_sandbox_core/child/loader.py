@@ -21,6 +21,9 @@ bytecode magic, with the source beside it, into a directory the child reads and 
 write (a container's read-only run directory); the child runs the code only if its own
 interpreter has the same magic, and the source otherwise. Every start checks; nothing is
 assumed about the image.
+
+The source itself is assembled here from the bootstrap's modules (PARTS, in order): one text,
+one namespace, with the first module's docstring as its own.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import importlib.util
 import marshal
 import os
 import subprocess
+import types
 import zlib
+from collections.abc import Iterable
 from functools import lru_cache
 from importlib import resources
 
@@ -184,7 +189,58 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+#: The bootstrap's modules, in the order they are assembled: their top-level code runs in this
+#: order when the child starts (what one defines at load, a later one may use at load), and
+#: the entry point, which calls main, comes last. The one place the order is named.
+PARTS = (
+    "header",
+    "json_codec",
+    "channel",
+    "tool_calls",
+    "probe",
+    "resource_limits",
+    "compiling",
+    "tracebacks",
+    "running",
+    "command",
+    "inputs",
+    "artifacts",
+    "containment",
+    "late_terms",
+    "pid_init",
+    "output",
+    "idle",
+    "site_paths",
+    "entry",
+)
+_DOCSTRING = '"""'
+
+
+def assemble(parts: Iterable[tuple[str, str]]) -> str:
+    """One source from the bootstrap's modules, as (name, text) in order: the first whole (its
+    docstring is the source's), each other after a line naming it, without its docstring."""
+    texts: list[str] = []
+    for name, text in parts:
+        if texts:
+            if text.startswith(_DOCSTRING):
+                text = text[text.index(_DOCSTRING, 3) + 3 :].lstrip("\n")
+            text = f"\n\n# {'-' * 66} {name}.py\n\n{text}"
+        texts.append(text)
+    return "".join(texts)
+
+
 @lru_cache(maxsize=1)
 def bootstrap_source() -> str:
     """The child-side bootstrap, passed to the interpreter as ``-c`` source."""
-    return resources.files(__package__).joinpath("bootstrap.py").read_text(encoding="utf-8")
+    folder = resources.files(__package__)
+    return assemble(
+        (name, folder.joinpath(f"{name}.py").read_text(encoding="utf-8")) for name in PARTS
+    )
+
+
+def bootstrap_module() -> types.ModuleType:
+    """The bootstrap's source run as a new module of this process, without its entry point
+    (its name is not ``__main__``): the child's functions and constants, for tests."""
+    module = types.ModuleType("bootstrap")
+    exec(compile(bootstrap_source(), "<bootstrap>", "exec", dont_inherit=True), module.__dict__)
+    return module

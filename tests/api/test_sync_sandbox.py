@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
+from psych_sandbox_testing.host import host_processes
 
 from psych_sandbox_core import (
     ConfigurationError,
@@ -26,7 +27,6 @@ from psych_sandbox_core import (
     SandboxClosedError,
     SyncSandbox,
 )
-from psych_sandbox_core.testing.host import host_processes
 
 from ..conftest import FAST_LIMITS, PROFILE, config, marker, pids_with, sleeper_argv_source
 

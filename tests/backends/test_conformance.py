@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from psych_sandbox_core.testing.conformance import BackendConformance
-from psych_sandbox_core.testing.host import execution_cgroups_here
+from psych_sandbox_testing.conformance import BackendConformance
+from psych_sandbox_testing.host import execution_cgroups_here
 
 
 class TestSubprocessConformance(BackendConformance):

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psych_sandbox_testing.host import marker, pids_with
 
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core._bindings.bindings import FunctionBindings
 from psych_sandbox_core.kit.posix import cgroups, temp_dirs
-from psych_sandbox_core.testing.host import marker, pids_with
 
 pytestmark = pytest.mark.anyio
 

@@ -27,12 +27,15 @@ from psych_sandbox_core import (
     spec_from_function,
 )
 from psych_sandbox_core._bindings import catalogue
-from psych_sandbox_core._bindings.bindings import CallServer
+from psych_sandbox_core._bindings.call_server import CallServer
 from psych_sandbox_core._output.attachments import AttachmentLedger
-from psych_sandbox_core.child import bootstrap
+from psych_sandbox_core.child.loader import bootstrap_module
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.grading import Level
 from psych_sandbox_core.protocol import limits as protocol_limits
+
+#: The child's functions and constants, from the source the child runs.
+bootstrap = bootstrap_module()
 
 pytestmark = pytest.mark.anyio
 

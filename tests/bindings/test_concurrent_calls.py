@@ -12,7 +12,8 @@ import anyio
 import pytest
 
 from psych_sandbox_core import BindingBudgets, DeploymentConfig, ErrorKind, ProfileConfig, Sandbox
-from psych_sandbox_core._bindings.bindings import CallServer, FunctionBindings
+from psych_sandbox_core._bindings.bindings import FunctionBindings
+from psych_sandbox_core._bindings.call_server import CallServer
 from psych_sandbox_core._bindings.runlog import MemoryRunLog
 from psych_sandbox_core._engine.calls_in_flight import calls_in_flight
 from psych_sandbox_core._engine.conversation import State

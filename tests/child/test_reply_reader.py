@@ -19,14 +19,17 @@ from typing import Any
 
 import anyio
 import pytest
+from psych_sandbox_testing.census import processes_of
+from psych_sandbox_testing.host import status_of
 
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core._bindings.bindings import FunctionBindings
-from psych_sandbox_core.child import bootstrap as child
-from psych_sandbox_core.testing.census import processes_of
-from psych_sandbox_core.testing.host import status_of
+from psych_sandbox_core.child.loader import bootstrap_module
 
 from ..conftest import PROFILE, config
+
+#: The child's functions and constants, from the source the child runs.
+child = bootstrap_module()
 
 #: How long the canned host waits on a socket before it gives the test up as stuck.
 HOST_PATIENCE_SECONDS = 20.0

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from psych_sandbox_testing.cli_run import cli_at_ready
 
 from psych_sandbox_core import DeploymentConfig, ProfileConfig
 from psych_sandbox_core.cli import main
-from psych_sandbox_core.testing.conformance import cli_at_ready
 
 from ..conftest import PROFILE, config
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import psych_sandbox_core
+from psych_sandbox_core.child.loader import PARTS
 
 #: Modules that only a command running a program (or reporting on backends) needs.
 HEAVY = ("pydantic", "pydantic_core", "pluggy", "importlib_metadata", "anyio")
@@ -47,14 +48,14 @@ RUN_NEVER = (
     "psych_sandbox_core.cli.doctor",
     "psych_sandbox_core._policy.versions",
     "psych_sandbox_core.cli.libraries",
-    "psych_sandbox_core.mcp_bindings",
-    "psych_sandbox_core.mcp_server",
+    "psych_sandbox_mcp",
     "psych_sandbox_core.service_kit",
+    "psych_sandbox_core.integration_kit",
     "psych_sandbox_core._api.provider_shapes",
-    "psych_sandbox_core.pydantic_ai_toolset",
-    "psych_sandbox_core.smolagents_executor",
+    "psych_sandbox_pydantic_ai",
+    "psych_sandbox_smolagents",
     "psych_sandbox_core._api.sync_sandbox",
-    "psych_sandbox_core.child.bootstrap",
+    *(f"psych_sandbox_core.child.{part}" for part in PARTS),  # read as text, never imported
 )
 
 

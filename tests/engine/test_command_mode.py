@@ -28,11 +28,10 @@ from psych_sandbox_core._api.provider_shapes import (
     report_text,
     shell_call_output,
 )
-from psych_sandbox_core._engine.command import command_spec
 from psych_sandbox_core._engine.conversation import Close, Conversation, State
-from psych_sandbox_core._engine.inputs import input_files
+from psych_sandbox_core._engine.program import Program, command_spec, input_files
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
-from psych_sandbox_core.child import bootstrap
+from psych_sandbox_core.child.loader import bootstrap_module
 from psych_sandbox_core.cli import main
 from psych_sandbox_core.grading import Mechanisms
 from psych_sandbox_core.protocol import ResultFrame
@@ -40,6 +39,9 @@ from psych_sandbox_core.protocol.limits import MAX_INPUT_BYTES, MAX_INPUT_NAME_C
 
 from ..conftest import FAST_LIMITS, PROFILE, config
 from .test_conversation import hello, perform_sends, terms
+
+#: The child's functions and constants, from the source the child runs.
+bootstrap = bootstrap_module()
 
 #: An interpreter the child's own (leased) uid can run: the test's may live where it cannot.
 PYTHON = shutil.which("python3", path=os.defpath) or "/usr/bin/python3"
@@ -52,6 +54,14 @@ def anyio_backend() -> str:
 
 
 # ------------------------------------------------------------------ checked before anything
+
+
+def checked_inputs(
+    inputs: Any, *, file_size_bytes: int | None, workspace_bytes: int | None
+) -> None:
+    """Inputs read as Sandbox.run reads them, then held to one execution's limits."""
+    program = Program(inputs=input_files(inputs))
+    program.check_inputs(file_size_bytes=file_size_bytes, workspace_bytes=workspace_bytes)
 
 
 @pytest.mark.parametrize(
@@ -76,31 +86,31 @@ def test_a_command_no_child_could_run_is_refused_by_the_call(command: Any, shell
 )
 def test_an_input_name_that_is_not_one_plain_file_name_is_refused(name: Any) -> None:
     with pytest.raises(InvalidRequestError):
-        input_files({name: b"x"}, file_size_bytes=None, workspace_bytes=None)
+        checked_inputs({name: b"x"}, file_size_bytes=None, workspace_bytes=None)
 
 
 def test_inputs_are_bounded_in_count_and_size(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError, match="at most"):
-        input_files(
+        checked_inputs(
             {f"f{i}": b"" for i in range(MAX_INPUTS + 1)},
             file_size_bytes=None,
             workspace_bytes=None,
         )
     with pytest.raises(InvalidRequestError, match="file-size limit"):
-        input_files({"a": b"12345"}, file_size_bytes=4, workspace_bytes=None)
+        checked_inputs({"a": b"12345"}, file_size_bytes=4, workspace_bytes=None)
     # Counted together against the workspace's cap (and the frame's own ceiling).
     with pytest.raises(InvalidRequestError, match="together"):
-        input_files({"a": b"123", "b": b"456"}, file_size_bytes=None, workspace_bytes=5)
+        checked_inputs({"a": b"123", "b": b"456"}, file_size_bytes=None, workspace_bytes=5)
     big = tmp_path / "big"
     with big.open("wb") as file:
         file.truncate(MAX_INPUT_BYTES + 1)
     with pytest.raises(InvalidRequestError, match="together"):
-        input_files({"big": big}, file_size_bytes=None, workspace_bytes=None)
+        checked_inputs({"big": big}, file_size_bytes=None, workspace_bytes=None)
     # Only a regular file is read (a FIFO would block the host; a directory is no file).
     os.mkfifo(tmp_path / "fifo")
     for path in (tmp_path / "fifo", tmp_path, tmp_path / "missing"):
         with pytest.raises(InvalidRequestError):
-            input_files({"x": path}, file_size_bytes=None, workspace_bytes=None)
+            checked_inputs({"x": path}, file_size_bytes=None, workspace_bytes=None)
 
 
 @pytest.mark.anyio

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from psych_sandbox_testing.fake_backend import honest_report
 
 from psych_sandbox_core._engine.conversation import (
     TRANSITIONS,
@@ -24,6 +25,7 @@ from psych_sandbox_core._engine.conversation import (
     Send,
     State,
 )
+from psych_sandbox_core._engine.program import Program
 from psych_sandbox_core._output.artifact_channel import ChannelCollector, channel_request
 from psych_sandbox_core._output.artifacts import CollectionLimits
 from psych_sandbox_core.errors import ErrorKind
@@ -45,7 +47,6 @@ from psych_sandbox_core.protocol import (
 from psych_sandbox_core.protocol.framing import FrameCeilings
 from psych_sandbox_core.result import ExecutionFailure
 from psych_sandbox_core.terms import ExecutionLimits
-from psych_sandbox_core.testing.fake_backend import honest_report
 
 LIMITS = ExecutionLimits(wall_seconds=5.0)
 
@@ -95,6 +96,8 @@ def terms(**changes: Any) -> ProgramTerms:
         "refusal": None,
     }
     fields.update(changes)
+    program_fields = {"source", "command", "inputs", "preamble", "variables_json", "keep_variables"}
+    fields["program"] = Program(**{key: fields.pop(key) for key in program_fields & fields.keys()})
     return ProgramTerms(**fields)
 
 

@@ -1,4 +1,4 @@
-"""The host driver against the fake backend (psych_sandbox_core.testing.fake_backend): the
+"""The host driver against the fake backend (psych_sandbox_testing.fake_backend): the
 conversation over a real channel reader, cold and warm, without spawning a process. What
 the fake child did is judged from the fake launch itself (its exit status, what it received,
 whether it is still live), never from what the script says about itself."""
@@ -11,8 +11,15 @@ from typing import Any
 
 import anyio
 import pytest
+from psych_sandbox_testing.fake_backend import (
+    FakeBackend,
+    Relayed,
+    ScriptedChild,
+    honest_report,
+)
 
-from psych_sandbox_core._bindings.bindings import CallServer, FunctionBindings, ToolSpec
+from psych_sandbox_core._bindings.bindings import FunctionBindings, ToolSpec
+from psych_sandbox_core._bindings.call_server import CallServer
 from psych_sandbox_core._engine.host import (
     ExecutionPlan,
     NotPrepared,
@@ -21,6 +28,7 @@ from psych_sandbox_core._engine.host import (
     prepare,
 )
 from psych_sandbox_core._engine.pool import WarmPool, WarmSettings
+from psych_sandbox_core._engine.program import Program
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.grading import Grade, Guarantee, Level, Mechanisms
 from psych_sandbox_core.protocol import (
@@ -32,12 +40,6 @@ from psych_sandbox_core.protocol import (
 )
 from psych_sandbox_core.result import BackendIdentity
 from psych_sandbox_core.terms import ExecutionLimits
-from psych_sandbox_core.testing.fake_backend import (
-    FakeBackend,
-    Relayed,
-    ScriptedChild,
-    honest_report,
-)
 
 pytestmark = pytest.mark.anyio
 
@@ -54,6 +56,8 @@ def plan(**changes: Any) -> ExecutionPlan:
         "claimed_level": Level.NONE,
     }
     fields.update(changes)
+    program_fields = {"source", "command", "inputs", "preamble", "variables_json", "keep_variables"}
+    fields["program"] = Program(**{key: fields.pop(key) for key in program_fields & fields.keys()})
     return ExecutionPlan(**fields)
 
 
@@ -346,6 +350,8 @@ async def test_a_caller_that_goes_away_cancels_its_warm_execution() -> None:
         with anyio.CancelScope() as caller:
             tg.start_soon(_cancel_when, started, caller)
             await child.serve(plan())
+        # The caller returns only once its execution is torn down, as a cold one's does.
+        assert backend.live == 0
     assert caller.cancelled_caught
     assert backend.live == 0
     # Cancelled as a cancelled execution is: terminated, not left to run.
@@ -381,6 +387,7 @@ async def test_a_caller_that_goes_away_cancels_its_cold_execution_in_a_task_grou
         with anyio.CancelScope() as caller:
             tg.start_soon(_cancel_when, started, caller)
             await execute(backend, plan(), tg)
+        assert backend.live == 0  # torn down before the caller returned
     assert caller.cancelled_caught
     assert backend.live == 0
     status = backend.launched[0].status

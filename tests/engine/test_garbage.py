@@ -4,9 +4,9 @@ they end (a cycle would keep a whole execution until a collection pass; see watc
 from __future__ import annotations
 
 import pytest
+from psych_sandbox_testing.garbage import cyclic_garbage
 
 from psych_sandbox_core import DeploymentConfig, FunctionBindings, ProfileConfig, Sandbox
-from psych_sandbox_core.testing.garbage import cyclic_garbage
 
 pytestmark = pytest.mark.anyio
 

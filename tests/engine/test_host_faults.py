@@ -3,7 +3,7 @@ backends, and a restarted host that reaps what it left, judged from the host sid
 process, temporary directory, cgroup or uid lease of the dead host remains, and the run's
 call budget is not given back (the durable run log counts the calls the dead host accepted,
 the one in flight too). The hooks that stop a host at its point, and the loop over random
-points, are in psych_sandbox_core/testing/faults.py and benchmarks/faults.py."""
+points, are in psych_sandbox_testing/faults.py and benchmarks/faults.py."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from typing import Any
 
 import anyio
 import pytest
+from psych_sandbox_testing import census, faults
+from psych_sandbox_testing.requirements import skip_unless_required
 
 from psych_sandbox_core._bindings.runlog import SQLiteRunLog
 from psych_sandbox_core.kit.posix.identity import IdentityRange
 from psych_sandbox_core.kit.posix.sweep import sweep
-from psych_sandbox_core.testing import census, faults
-from psych_sandbox_core.testing.requirements import skip_unless_required
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="uid leases and cgroups are made only by a root host"

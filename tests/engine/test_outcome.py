@@ -18,6 +18,7 @@ from psych_sandbox_core._engine.outcome import (
     withheld,
 )
 from psych_sandbox_core._engine.plan import ExecutionPlan
+from psych_sandbox_core._engine.program import Program
 from psych_sandbox_core._output.capture import StreamCapture, make_preview
 from psych_sandbox_core._output.preservation import Preserved
 from psych_sandbox_core.errors import ErrorKind
@@ -41,6 +42,8 @@ def plan(**changes: Any) -> ExecutionPlan:
         "claimed_level": Level.ISOLATED,
     }
     fields.update(changes)
+    program_fields = {"source", "command", "inputs", "preamble", "variables_json", "keep_variables"}
+    fields["program"] = Program(**{key: fields.pop(key) for key in program_fields & fields.keys()})
     return ExecutionPlan(**fields)
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from psych_sandbox_testing.fake_backend import FakeBackend, ScriptedChild
 
 from psych_sandbox_core._engine.host import ExecutionPlan, execute
+from psych_sandbox_core._engine.program import Program
 from psych_sandbox_core.grading import Level
 from psych_sandbox_core.kit.phases import Marks, mark, recording
 from psych_sandbox_core.result import BackendIdentity
 from psych_sandbox_core.terms import ExecutionLimits
-from psych_sandbox_core.testing.fake_backend import FakeBackend, ScriptedChild
 
 pytestmark = pytest.mark.anyio
 
@@ -56,7 +57,7 @@ async def test_a_cold_execution_reaches_the_hosts_points_in_order() -> None:
         await child.returned(None)
 
     plan = ExecutionPlan(
-        source="pass",
+        program=Program(source="pass"),
         limits=ExecutionLimits(wall_seconds=30.0, grace_seconds=0.1),
         profile="p",
         backend_identity=BackendIdentity(id="fake", distribution=None, version=None),

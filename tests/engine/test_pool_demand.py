@@ -11,15 +11,16 @@ from dataclasses import dataclass
 import anyio
 import pytest
 from anyio.abc import TaskGroup
+from psych_sandbox_testing.fake_backend import FakeBackend, ScriptedChild
 
 from psych_sandbox_core._engine.host import ExecutionPlan
 from psych_sandbox_core._engine.pool import WarmPool, WarmSettings
+from psych_sandbox_core._engine.program import Program
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.grading import Level
 from psych_sandbox_core.protocol import RunFrame
 from psych_sandbox_core.result import BackendIdentity, ExecutionResult
 from psych_sandbox_core.terms import ExecutionLimits
-from psych_sandbox_core.testing.fake_backend import FakeBackend, ScriptedChild
 
 pytestmark = pytest.mark.anyio
 
@@ -29,7 +30,7 @@ BUDGET = 1 << 40
 
 def plan(source: str) -> ExecutionPlan:
     return ExecutionPlan(
-        source=source,
+        program=Program(source=source),
         limits=LIMITS,
         profile="p",
         backend_identity=BackendIdentity(id="fake", distribution=None, version=None),

@@ -11,12 +11,12 @@ import threading
 
 import anyio
 import pytest
+from psych_sandbox_testing.leftovers import own_uid
+from psych_sandbox_testing.programs import DAEMON
 
 from psych_sandbox_core import ErrorKind, Sandbox
 from psych_sandbox_core._engine import wall_clock
 from psych_sandbox_core.kit.phases import recording
-from psych_sandbox_core.testing.conformance import DAEMON
-from psych_sandbox_core.testing.leftovers import own_uid
 
 from ..conftest import PROFILE, config, marker, pids_with, wait_for_pids
 

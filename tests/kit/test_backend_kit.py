@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+from psych_sandbox_testing.leftovers import own_uid
 
 import psych_sandbox_core
 from psych_sandbox_core import backend_kit as shim
@@ -48,7 +49,6 @@ from psych_sandbox_core.kit.posix import (
 from psych_sandbox_core.kit.posix.identity import IdentityRange
 from psych_sandbox_core.kit.posix.leased import leased_identity
 from psych_sandbox_core.kit.posix.sweep import Swept
-from psych_sandbox_core.testing.leftovers import own_uid
 
 from ..import_rules import ROOT, core_imports
 

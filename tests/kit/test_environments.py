@@ -16,13 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core._output.capture import OutputPolicy
-from psych_sandbox_core.cli import main
-from psych_sandbox_core.cli.libraries import MAX_LISTED, SHOWN, _checked, format_libraries
-from psych_sandbox_core.errors import ConfigurationError, ErrorKind, InterpreterNotFoundError
-from psych_sandbox_core.testing.environments import (
+from psych_sandbox_testing.environments import (
     IMPORT_TINY,
     MATPLOTLIB_CHART,
     TAMPER_WITH,
@@ -39,6 +33,12 @@ from psych_sandbox_core.testing.environments import (
     virtual_environment,
     write_distribution,
 )
+
+from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+from psych_sandbox_core._output.capture import OutputPolicy
+from psych_sandbox_core.cli import main
+from psych_sandbox_core.cli.libraries import MAX_LISTED, SHOWN, _checked, format_libraries
+from psych_sandbox_core.errors import ConfigurationError, ErrorKind, InterpreterNotFoundError
 
 from ..conftest import FAST_LIMITS, PROFILE, config
 

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
+from psych_sandbox_testing.host import wait_until
 
 from psych_sandbox_core.kit import (
     ExecutionLimits,
@@ -34,7 +35,6 @@ from psych_sandbox_core.kit.posix.pid_namespace import PidNamespace, _state_of, 
 from psych_sandbox_core.kit.relay import (
     bootstrap_source,
 )
-from psych_sandbox_core.testing.host import wait_until
 
 pytestmark = [
     pytest.mark.anyio,

@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from psych_sandbox_core import Guarantee, Sandbox
-from psych_sandbox_core.child import bootstrap
-from psych_sandbox_core.child.loader import bootstrap_source
+from psych_sandbox_core.child.loader import bootstrap_module, bootstrap_source
 from psych_sandbox_core.grading import Grade
 from psych_sandbox_core.kit.backend import LaunchRequest, ProbeTargets
 from psych_sandbox_core.kit.channel import InheritedSocketChannel
@@ -23,6 +22,9 @@ from psych_sandbox_core.terms import ExecutionLimits
 
 from ..backends.test_subprocess_backend import EXEC_SLEEPER, run_and_inspect
 from ..conftest import PROFILE, config, marker, sleeper_argv_source
+
+#: The child's functions and constants, from the source the child runs.
+bootstrap = bootstrap_module()
 
 pytestmark = pytest.mark.anyio
 
@@ -107,13 +109,13 @@ def test_terms_reach_the_child_with_their_descriptors() -> None:
     read, write = os.pipe()
     reader = (
         "import sys\n"
-        + "exec(compile(open(sys.argv[1]).read(), 'b', 'exec'), g := {'__name__': 'x'})\n"
+        + "exec(compile(sys.argv[1], 'b', 'exec'), g := {'__name__': 'x'})\n"
         + "probe, fds = g['_late_terms'](int(sys.argv[2]))\n"
         + "import os\n"
         + "os.write(fds[0], repr(probe).encode()); print(len(fds))\n"
     )
     child = subprocess.Popen(
-        [sys.executable, "-I", "-c", reader, bootstrap.__file__, str(late.child_fd)],
+        [sys.executable, "-I", "-c", reader, bootstrap_source(), str(late.child_fd)],
         pass_fds=(late.child_fd,),
         stdout=subprocess.PIPE,
     )

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from psych_sandbox_testing.programs import check_planted_artifacts
 
 from psych_sandbox_core import DeploymentConfig, ErrorKind, ExecutionLimits, ProfileConfig, Sandbox
 from psych_sandbox_core._output.artifact_channel import ChannelCollector
@@ -28,7 +29,7 @@ from psych_sandbox_core._output.capture import OutputPolicy
 from psych_sandbox_core._output.preservation import OutputContext, collect_artifacts
 from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_core.backends.subprocess import SubprocessBackend
-from psych_sandbox_core.child import bootstrap
+from psych_sandbox_core.child.loader import bootstrap_module
 from psych_sandbox_core.cli.render import export_note
 from psych_sandbox_core.errors import ProtocolViolation
 from psych_sandbox_core.kit.backend import Launched, LaunchRequest
@@ -46,9 +47,11 @@ from psych_sandbox_core.protocol import (
 from psych_sandbox_core.protocol import limits as protocol_limits
 from psych_sandbox_core.protocol.limits import ARTIFACT_CHUNK_BYTES
 from psych_sandbox_core.result import SkippedEntry
-from psych_sandbox_core.testing.programs import check_planted_artifacts
 
 from ..conftest import FAST_LIMITS, open_fds
+
+#: The child's functions and constants, from the source the child runs.
+bootstrap = bootstrap_module()
 
 CHUNK = ARTIFACT_CHUNK_BYTES
 PROFILE = "hidden"

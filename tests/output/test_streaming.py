@@ -10,10 +10,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from psych_sandbox_testing.cli_run import cli_at_ready
 
 from psych_sandbox_core import FunctionBindings, OutputChunk, Sandbox
 from psych_sandbox_core._output.streaming import QUEUE_BYTES
-from psych_sandbox_core.testing.conformance import cli_at_ready
 
 from ..conftest import PROFILE, config, marker, pids_with
 

@@ -10,6 +10,7 @@ import pytest
 from psych_sandbox_core import ConfigurationError, Level, Sandbox, UnknownProfileError
 from psych_sandbox_core._api.sandbox import Sandbox as _Sandbox
 from psych_sandbox_core._policy.config import ENV_VAR, load_config, parse_config
+from psych_sandbox_core._policy.mcp_settings import McpSettings
 from psych_sandbox_core._policy.profiles import DeploymentConfig, ProfileConfig
 from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_core.cli import main
@@ -199,3 +200,35 @@ async def test_a_backend_not_ready_is_asked_again_once_it_is() -> None:
     assert second.available, second.reason
     # A trial that ran is remembered.
     assert await trials_module.availability(registry, "late") is second
+
+
+# The [mcp] section is the core's schema (psych-sandbox-mcp reads it): validated at load
+# whether or not that integration is installed.
+
+
+def test_the_mcp_section_is_validated_strictly() -> None:
+    good = McpSettings.model_validate({"upstreams": {"a": {"transport": "stdio", "command": "x"}}})
+    assert good.profile == "default"
+    for bad, words in [
+        ("[mcp]\nprofle = 'x'", "mcp.profle: unknown key (did you mean 'profile'?)"),
+        ("[mcp.upstreams.a]\ntransport = 'tcp'", "does not match any of the expected tags"),
+        (
+            "[mcp.upstreams.a]\ntransport = 'streamable-http'\nurl = 'file:///etc/passwd'",
+            "is not an http:// or https:// URL",
+        ),
+        ("[mcp.upstreams.'a/b']\ntransport = 'stdio'\ncommand = 'x'", "not a valid upstream"),
+        ("[mcp.upstreams.a]\ntransport = 'stdio'\ncommand = ''", "at least 1 character"),
+        (
+            "[mcp.upstreams.a]\ntransport = 'stdio'\ncommand = 'x'\ntimeout_seconds = '5'",
+            "timeout_seconds: Input should be a valid number",
+        ),
+    ]:
+        with pytest.raises(ConfigurationError, match=None) as caught:
+            parse_config(bad)
+        assert words in str(caught.value), (bad, str(caught.value))
+
+
+def test_the_mcp_profile_must_exist() -> None:
+    with pytest.raises(ConfigurationError, match=r"mcp\.profile: no profile named 'nope'"):
+        Sandbox(parse_config("[mcp]\nprofile = 'nope'"))
+    Sandbox(parse_config("[mcp]\nprofile = 'subprocess'"))  # an installed backend's id

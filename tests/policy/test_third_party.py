@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from psych_sandbox_testing.conformance import BackendConformance
+from psych_sandbox_testing.host import execution_cgroups_here
 
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core._policy.profiles import DeploymentConfig
 from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_core.cli.doctor import diagnose
-from psych_sandbox_core.testing.conformance import BackendConformance
-from psych_sandbox_core.testing.host import execution_cgroups_here
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "psych-sandbox-example-backend"
 DISTRIBUTION = "psych-sandbox-example-backend"

@@ -1,6 +1,6 @@
 """The host's side of the protocol under fuzzing, briefly and deterministically: the state
 machine over the conversation and the byte target for the frame reader and codec
-(psych_sandbox_core/testing/protocol_fuzz.py). benchmarks/fuzz.py runs the same for longer.
+(psych_sandbox_testing/protocol_fuzz.py). benchmarks/fuzz.py runs the same for longer.
 Every finding is kept below as a regression test of its own."""
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
-
-from psych_sandbox_core.testing import atheris_fuzz
-from psych_sandbox_core.testing.protocol_fuzz import (
-    ConversationMachine,
-    feed_reader,
-    hostile_lines,
-    interesting_seeds,
-)
+from psych_sandbox_testing import atheris_fuzz
+from psych_sandbox_testing.hostile import hostile_lines
+from psych_sandbox_testing.protocol_fuzz import ConversationMachine
+from psych_sandbox_testing.reader_fuzz import feed_reader, interesting_seeds
 
 #: Short, derandomized and without a database: the same examples on every run, in CI too.
 SHORT = settings(

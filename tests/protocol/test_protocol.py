@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 from pydantic_core import from_json
 
-from psych_sandbox_core._bindings.bindings import CallServer, FunctionBindings
+from psych_sandbox_core._bindings.bindings import FunctionBindings
+from psych_sandbox_core._bindings.call_server import CallServer
 from psych_sandbox_core.budgets import MAX_ARGUMENT_BYTES_PER_CALL
-from psych_sandbox_core.child import bootstrap
+from psych_sandbox_core.child.loader import bootstrap_module
 from psych_sandbox_core.errors import ProtocolViolation
 from psych_sandbox_core.kit.channel import FrameChannel
 from psych_sandbox_core.protocol import (
@@ -53,6 +54,9 @@ from psych_sandbox_core.protocol.limits import (
     MAX_HELLO_FRAME_BYTES,
 )
 from psych_sandbox_core.protocol.shape import SCAN_CHUNK_BYTES, check_shape
+
+#: The child's functions and constants, from the source the child runs.
+bootstrap = bootstrap_module()
 
 # ---------------------------------------------------------------- strategies
 

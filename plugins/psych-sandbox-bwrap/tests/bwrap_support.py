@@ -7,7 +7,6 @@ import os
 import shutil
 from typing import Any
 
-import pytest
 from psych_sandbox_core import (
     DeploymentConfig,
     ExecutionLimits,
@@ -15,16 +14,7 @@ from psych_sandbox_core import (
     ProfileConfig,
     Sandbox,
 )
-
-# Host-side probes and requirement handling shared with every backend's tests.
-from psych_sandbox_core.testing.host import (  # noqa: F401
-    marker,
-    opens_of,
-    pids_with,
-    uids_of,
-    wait_for_pids,
-)
-from psych_sandbox_core.testing.requirements import skip_unless_required  # noqa: F401
+from psych_sandbox_testing.requirements import needs
 
 PROFILE = "jail"
 FAST_LIMITS: dict[str, Any] = {"cpu_seconds": 10, "wall_seconds": 60.0, "grace_seconds": 0.5}
@@ -32,14 +22,6 @@ FAST_LIMITS: dict[str, Any] = {"cpu_seconds": 10, "wall_seconds": 60.0, "grace_s
 #: What the root-only tests need: bwrap, a root host, per-execution cgroups, and test files
 #: another user can reach.
 BWRAP_ROOT = "bwrap-root"
-
-
-def needs(condition: bool, requirement: str, reason: str) -> pytest.MarkDecorator:
-    """Marks tests that cannot run here unless ``condition``: they skip, or fail under the
-    variable (conftest.py reads the mark)."""
-    if condition:
-        return pytest.mark.skipif(False, reason=reason)
-    return pytest.mark.psych_missing(requirement, reason)
 
 
 requires_bwrap = needs(shutil.which("bwrap") is not None, BWRAP_ROOT, "bubblewrap is not installed")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bwrap_support import requires_bwrap
 from psych_sandbox_core.cli import main
-from psych_sandbox_core.testing.programs import PLANTED_ARTIFACTS, PLANTED_EXPECTED
+from psych_sandbox_testing.programs import PLANTED_ARTIFACTS, PLANTED_EXPECTED
 
 pytestmark = [requires_bwrap]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from bwrap_support import requires_bwrap
-from psych_sandbox_core.testing.conformance import BackendConformance
-from psych_sandbox_core.testing.host import execution_cgroups_here
+from psych_sandbox_testing.conformance import BackendConformance
+from psych_sandbox_testing.host import execution_cgroups_here
 
 NOBODY = 65534
 

@@ -11,12 +11,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from bwrap_support import (
-    opens_of,
-    requires_bwrap,
-    run,
-)
+from bwrap_support import requires_bwrap, run
 from psych_sandbox_core.kit.posix import cgroups
+from psych_sandbox_testing.host import opens_of
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]
 

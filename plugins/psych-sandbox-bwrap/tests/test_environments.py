@@ -1,7 +1,7 @@
 """Programs that need libraries, under bwrap: the profile's environment is bound read-only
 at its own path with the interpreter it leads to, the program imports from it, cannot change
 it (judged from the host), and a matplotlib chart comes back as an artifact. Environments are
-built by the tests from this host, without network (see psych_sandbox_core.testing)."""
+built by the tests from this host, without network (see psych_sandbox_testing)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from psych_sandbox_core import (
     ProfileConfig,
     Sandbox,
 )
-from psych_sandbox_core.testing.environments import (
+from psych_sandbox_testing.environments import (
     IMPORT_TINY,
     MATPLOTLIB_CHART,
     TAMPER_WITH,

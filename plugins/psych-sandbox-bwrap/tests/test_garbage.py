@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from bwrap_support import PROFILE, config, requires_bwrap
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core.testing.garbage import cyclic_garbage
+from psych_sandbox_testing.garbage import cyclic_garbage
 
 pytestmark = [pytest.mark.anyio, requires_bwrap]
 

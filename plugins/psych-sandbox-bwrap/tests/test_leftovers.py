@@ -17,7 +17,7 @@ from bwrap_support import PROFILE, config, needs_root, requires_bwrap
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core.kit.posix import EmptyCgroup, cgroups
 from psych_sandbox_core.kit.posix.identity import IdentityLease
-from psych_sandbox_core.testing.leftovers import own_uid, process_under
+from psych_sandbox_testing.leftovers import own_uid, process_under
 
 pytestmark = [requires_bwrap, needs_root, pytest.mark.anyio]
 

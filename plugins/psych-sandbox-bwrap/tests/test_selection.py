@@ -13,19 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bwrap_support import (
-    BWRAP_ROOT,
-    marker,
-    needs_root,
-    pids_with,
-    requires_bwrap,
-    run,
-    skip_unless_required,
-)
+from bwrap_support import BWRAP_ROOT, needs_root, requires_bwrap, run
 from psych_sandbox_core import ConfigurationError, Sandbox
 from psych_sandbox_core._policy import trials as trials_module
 from psych_sandbox_core._policy.registry import BackendRegistry
-from psych_sandbox_core.testing.as_user import SYSTEM_PYTHON, staged_environment, unprivileged_user
+from psych_sandbox_testing.as_user import SYSTEM_PYTHON, staged_environment, unprivileged_user
+from psych_sandbox_testing.host import marker, pids_with
+from psych_sandbox_testing.requirements import skip_unless_required
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]
 

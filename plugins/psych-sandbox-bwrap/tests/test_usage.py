@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bwrap_support import BWRAP_ROOT, PROFILE, config, needs, requires_bwrap, run
+from bwrap_support import BWRAP_ROOT, PROFILE, config, requires_bwrap, run
 from psych_sandbox_core.kit.posix import (
     cgroups,
     owner_tag,
 )
-from psych_sandbox_core.testing.programs import cgroups_of_one_execution
+from psych_sandbox_testing.programs import cgroups_of_one_execution
+from psych_sandbox_testing.requirements import needs
 
 from psych_sandbox_bwrap import backend
 from psych_sandbox_bwrap.backend import (

@@ -13,13 +13,8 @@ import pytest
 # Under --import-mode=importlib test directories are not on sys.path; the helpers are here.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from docker_support import (
-    engine_problem,
-    ensure_image,
-    leftover_containers,
-    skip_unless_required,
-)
-from psych_sandbox_core.testing.host import no_cgroup_left
+from docker_support import engine_problem, ensure_image, leftover_containers
+from psych_sandbox_testing.requirements import skip_unless_required
 
 
 @pytest.fixture
@@ -42,10 +37,9 @@ def engine() -> str:
 
 
 @pytest.fixture(autouse=True)
-def no_container_left(request: pytest.FixtureRequest) -> Iterator[None]:
+def no_container_left(request: pytest.FixtureRequest, no_cgroup_left: None) -> Iterator[None]:
     """After every test that ran containers, none of this process's is left, nor any new
-    cgroup in any hierarchy."""
-    with no_cgroup_left():
-        yield
-        if "engine" in request.fixturenames:
-            assert leftover_containers() == []
+    cgroup in any hierarchy (checked after this, by the fixture it requests)."""
+    yield
+    if "engine" in request.fixturenames:
+        assert leftover_containers() == []

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import pytest
 from docker_support import held_by, leftover_containers
-from psych_sandbox_core.testing.conformance import BackendConformance
+from psych_sandbox_testing.conformance import BackendConformance
 
 #: Addresses on the host's side of a container network: the engine's bridge and the cloud
 #: metadata service.

@@ -20,16 +20,6 @@ from psych_sandbox_core import (
 )
 from psych_sandbox_core.kit.posix import DEFAULT_COUNT, DEFAULT_FIRST_UID
 
-# Host-side probes and requirement handling shared with every backend's tests.
-from psych_sandbox_core.testing.host import (  # noqa: F401
-    marker,
-    opens_of,
-    pids_with,
-    uids_of,
-    wait_until,
-)
-from psych_sandbox_core.testing.requirements import skip_unless_required  # noqa: F401
-
 from psych_sandbox_docker.engine import (
     CGROUP_ROOT,
     OWNER_LABEL,

@@ -17,8 +17,8 @@ from psych_sandbox_core.kit.posix import (
     owner_tag,
 )
 from psych_sandbox_core.kit.posix import cgroup_hierarchies as hierarchies
-from psych_sandbox_core.testing.host import cgroup_directories
-from psych_sandbox_core.testing.programs import cgroups_of_one_execution
+from psych_sandbox_testing.host import cgroup_directories
+from psych_sandbox_testing.programs import cgroups_of_one_execution
 
 from psych_sandbox_docker import engine as eng
 from psych_sandbox_docker.engine import CGROUP_ROOT, current_owner

@@ -11,14 +11,8 @@ import signal
 
 import anyio
 import pytest
-from docker_support import (
-    RUNTIMES,
-    leased,
-    marker,
-    pids_with,
-    run,
-    wait_until,
-)
+from docker_support import RUNTIMES, leased, run
+from psych_sandbox_testing.host import marker, pids_with, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("engine")]
 

@@ -19,8 +19,8 @@ from docker_support import (
 from psych_sandbox_core import DeploymentConfig, ErrorKind, ExecutionResult, Sandbox
 from psych_sandbox_core.kit.phases import recording
 from psych_sandbox_core.kit.posix.identity import _lock_directory
-from psych_sandbox_core.testing.conformance import DAEMON
-from psych_sandbox_core.testing.host import marker, pids_with
+from psych_sandbox_testing.host import marker, pids_with
+from psych_sandbox_testing.programs import DAEMON
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("engine")]
 

@@ -26,7 +26,7 @@ from psych_sandbox_core import (
     ProfileConfig,
     Sandbox,
 )
-from psych_sandbox_core.testing import census
+from psych_sandbox_testing import census
 
 from psych_sandbox_docker.image import DEFAULT_TAG
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from docker_support import PROFILE, config
 from psych_sandbox_core import FunctionBindings, Sandbox
-from psych_sandbox_core.testing.garbage import cyclic_garbage
+from psych_sandbox_testing.garbage import cyclic_garbage
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("engine")]
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import anyio
 import pytest
-from docker_support import PROFILE, RUNTIMES, config, live_in_containers, wait_until
+from docker_support import PROFILE, RUNTIMES, config, live_in_containers
 from psych_sandbox_core import ErrorKind, FunctionBindings, Sandbox
 from psych_sandbox_core.kit.phases import recording
+from psych_sandbox_testing.host import wait_until
 
 from psych_sandbox_docker import api
 from psych_sandbox_docker.backend import _Demux

@@ -16,17 +16,10 @@ from typing import Any
 
 import anyio
 import pytest
-from docker_support import (
-    FAST_LIMITS,
-    PROFILE,
-    leased,
-    marker,
-    pids_with,
-    skip_unless_required,
-    uids_of,
-    wait_until,
-)
+from docker_support import FAST_LIMITS, PROFILE, leased
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
+from psych_sandbox_testing.host import marker, pids_with, uids_of, wait_until
+from psych_sandbox_testing.requirements import skip_unless_required
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("engine")]
 

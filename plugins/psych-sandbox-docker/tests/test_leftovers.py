@@ -16,16 +16,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from docker_support import PROFILE, RUNTIMES, config, skip_unless_required
+from docker_support import PROFILE, RUNTIMES, config
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core.kit.posix.sweep import has_keys
-from psych_sandbox_core.testing.host import marker
-from psych_sandbox_core.testing.leftovers import (
+from psych_sandbox_testing.host import marker
+from psych_sandbox_testing.leftovers import (
     host_targets,
     own_uid,
     planting_program,
     process_under,
 )
+from psych_sandbox_testing.requirements import skip_unless_required
 
 from psych_sandbox_docker import engine as eng
 

@@ -22,7 +22,7 @@ from psych_sandbox_core import (
     ProfileConfig,
     Sandbox,
 )
-from psych_sandbox_core.testing.environments import (
+from psych_sandbox_testing.environments import (
     IMPORT_TINY,
     MATPLOTLIB_CHART,
     TINY_ANSWER,

@@ -9,7 +9,7 @@ import pytest
 if sys.platform != "darwin":
     pytest.skip("the macos backend runs on macOS only (CI)", allow_module_level=True)
 
-from psych_sandbox_core.testing.conformance import BackendConformance
+from psych_sandbox_testing.conformance import BackendConformance
 
 
 class TestMacosConformance(BackendConformance):

@@ -18,7 +18,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import pytest
 from psych_sandbox_core import (
     DeploymentConfig,
     ExecutionLimits,
@@ -28,7 +27,7 @@ from psych_sandbox_core import (
     Sandbox,
 )
 from psych_sandbox_core.kit.relay import PROTOCOL_VERSION
-from psych_sandbox_core.testing.requirements import skip_unless_required  # noqa: F401
+from psych_sandbox_testing.requirements import needs
 
 from psych_sandbox_remote.wire import REMOTE_PROTOCOL_VERSION, Description
 
@@ -36,10 +35,8 @@ PROFILE = "far"
 FAST_LIMITS: dict[str, Any] = {"cpu_seconds": 10, "wall_seconds": 60.0, "grace_seconds": 0.5}
 TOKEN_ENV = "PSYCH_TEST_REMOTE_TOKEN"
 
-requires_bwrap = (
-    pytest.mark.skipif(False, reason="")
-    if shutil.which("bwrap") is not None
-    else pytest.mark.psych_missing("bwrap-root", "bubblewrap is not installed")
+requires_bwrap = needs(
+    shutil.which("bwrap") is not None, "bwrap-root", "bubblewrap is not installed"
 )
 
 

@@ -12,7 +12,7 @@ from psych_sandbox_core.kit.posix import (
     DEFAULT_COUNT,
     DEFAULT_FIRST_UID,
 )
-from psych_sandbox_core.testing.conformance import BackendConformance
+from psych_sandbox_testing.conformance import BackendConformance
 from remote_support import TOKEN_ENV, new_token, requires_bwrap, serving
 
 

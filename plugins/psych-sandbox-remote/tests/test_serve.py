@@ -377,7 +377,7 @@ async def test_closing_a_sandbox_that_prepares_a_child_leaves_nothing_on_the_ser
     tmp_path: Path,
 ) -> None:
     from psych_sandbox_core import Sandbox
-    from psych_sandbox_core.testing import census
+    from psych_sandbox_testing import census
 
     # A service that would wait this long for a child's channel, and so end a child nobody
     # finished only after it plus the wall clock: a close that left the child being prepared

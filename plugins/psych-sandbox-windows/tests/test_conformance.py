@@ -9,7 +9,7 @@ import pytest
 if sys.platform != "win32":
     pytest.skip("the windows backend runs on Windows only (CI)", allow_module_level=True)
 
-from psych_sandbox_core.testing.conformance import BackendConformance
+from psych_sandbox_testing.conformance import BackendConformance
 
 
 class TestWindowsConformance(BackendConformance):

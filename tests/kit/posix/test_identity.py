@@ -14,11 +14,11 @@ from pathlib import Path
 
 import anyio
 import pytest
+from psych_sandbox_testing.leftovers import own_uid, process_under
+from psych_sandbox_testing.programs import SECRET_SPY, secret_holder
 
 from psych_sandbox_core import ConfigurationError, Sandbox
 from psych_sandbox_core.kit.posix.identity import IdentityExhausted, IdentityRange
-from psych_sandbox_core.testing.leftovers import own_uid, process_under
-from psych_sandbox_core.testing.programs import SECRET_SPY, secret_holder
 
 from ...conftest import PROFILE, config, marker, pids_with, wait_for_pids
 

@@ -15,13 +15,8 @@ from collections.abc import Iterator
 
 import anyio
 import pytest
-
-from psych_sandbox_core import Sandbox
-from psych_sandbox_core.kit.posix import ipc_sweep
-from psych_sandbox_core.kit.posix import sweep as sweep_module
-from psych_sandbox_core.kit.posix.sweep import clear_keyrings, has_keys, sweep
-from psych_sandbox_core.testing.host import open_fds
-from psych_sandbox_core.testing.leftovers import (
+from psych_sandbox_testing.host import open_fds
+from psych_sandbox_testing.leftovers import (
     PLANT_DIRECTORIES,
     finding_program,
     host_leftovers,
@@ -30,6 +25,11 @@ from psych_sandbox_core.testing.leftovers import (
     plant_as,
     planting_program,
 )
+
+from psych_sandbox_core import Sandbox
+from psych_sandbox_core.kit.posix import ipc_sweep
+from psych_sandbox_core.kit.posix import sweep as sweep_module
+from psych_sandbox_core.kit.posix.sweep import clear_keyrings, has_keys, sweep
 
 from ...conftest import PROFILE, config, marker
 

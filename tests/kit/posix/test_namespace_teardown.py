@@ -18,6 +18,8 @@ from typing import Any
 
 import anyio
 import pytest
+from psych_sandbox_testing.as_user import SYSTEM_PYTHON, staged_environment, unprivileged_user
+from psych_sandbox_testing.host import pids_running_as, status_of
 
 from psych_sandbox_core import Sandbox
 from psych_sandbox_core.kit.posix.pid_namespace import (
@@ -27,8 +29,6 @@ from psych_sandbox_core.kit.posix.pid_namespace import (
     members,
     namespace_of,
 )
-from psych_sandbox_core.testing.as_user import SYSTEM_PYTHON, staged_environment, unprivileged_user
-from psych_sandbox_core.testing.host import pids_running_as, status_of
 
 from ...conftest import PROFILE, config, marker, pids_with, wait_for_pids
 

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import anyio
 import pytest
-
-from psych_sandbox_core.kit.posix import identity, retirement
-from psych_sandbox_core.kit.posix.sweep import Swept, sweep_together
-from psych_sandbox_core.testing.leftovers import (
+from psych_sandbox_testing.leftovers import (
     host_leftovers,
     host_targets,
     own_uid,
     plant_as,
     process_under,
 )
+
+from psych_sandbox_core.kit.posix import identity, retirement
+from psych_sandbox_core.kit.posix.sweep import Swept, sweep_together
 
 from ...conftest import marker
 
