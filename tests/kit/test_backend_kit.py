@@ -569,9 +569,9 @@ async def test_a_process_is_asked_to_end_once() -> None:
 
 # ---------------------------------------------------------------- plugins' tests
 
-#: What a plugin's tests import of the core besides its public API: the kit, and the test kit
-#: (``psych_sandbox_core.testing``, or the ``psych_sandbox_testing`` distribution it becomes).
-TEST_KITS = ("psych_sandbox_core.testing", "psych_sandbox_testing")
+#: What a plugin's tests import besides the core's public API and the kit: the test kit, its
+#: own distribution.
+TEST_KITS = ("psych_sandbox_testing",)
 #: The plugins that also serve this host's profiles to others, whose tests may import the
 #: service kit as their sources do.
 SERVING = {"psych-sandbox-remote"}
@@ -727,7 +727,7 @@ def test_the_plugin_test_rule_catches_a_breach(tmp_path: Path) -> None:
         "from psych_sandbox_core import Sandbox, backend_kit\n"
         "from psych_sandbox_core.kit import spawn\n"
         "from psych_sandbox_core.kit.posix import identity\n"
-        "from psych_sandbox_core.testing.host import marker\n"
+        "from psych_sandbox_core.kit import KIT_VERSION\n"
         "from psych_sandbox_testing import conformance\n"
         "from psych_sandbox_core.service_kit import availability\n"
         "def later():\n"

@@ -10,9 +10,9 @@ import sys
 
 import anyio
 import pytest
+from psych_sandbox_testing.host import open_fds
 
 from psych_sandbox_core.kit import BackendUnavailable, spawn
-from psych_sandbox_core.testing.host import open_fds
 
 pytestmark = pytest.mark.anyio
 
