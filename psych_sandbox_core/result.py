@@ -2,7 +2,7 @@
 
 The models only, typed for their readers (a level is a :class:`Level`, grades are keyed by
 :class:`Guarantee` and valued by :class:`Grade`). Their JSON form (``to_json_object``) is a
-wire format, pinned by tests/test_result_json.py: plain strings, in the order given here.
+wire format, pinned by tests/api/test_result_json.py: plain strings, in the order given here.
 """
 
 from __future__ import annotations
