@@ -3,8 +3,8 @@ probe listeners count connections the program made there, and its relay leaves o
 middle of a long stream: the client hands both to the core through the launch contract
 (``Launched.connections_elsewhere`` and ``Launched.unrelayed``), which counts them as a local
 child's (the core's tests/engine/test_driver.py shows the core withholding and counting).
-The service's uid reaches the grading the same way (``Launched.host_uid``). The stream-end counts across a real
-service are checked by the conformance suite's exact byte count."""
+The service's uid reaches the grading the same way (``Launched.host_uid``). The stream-end
+counts across a real service are checked by the conformance suite's exact byte count."""
 
 from __future__ import annotations
 
