@@ -614,111 +614,14 @@ def plugin_test_breaches(path: Path, serving: bool = False) -> list[tuple[int, s
     return sorted(found)
 
 
-#: Plugin tests that still import past the kit, the test kit and the public API, each to be
-#: removed by the change that gives the test what it needs in the right place (the test
-#: below fails once one no longer occurs, so the list only shrinks): (file, what, why).
-KNOWN_TEST_BREACHES: list[tuple[str, str, str]] = [
-    *(
-        (path, "psych_sandbox_core.cli.main", "runs the command in-process (doctor, run)")
-        for path in (
-            "psych-sandbox-bwrap/tests/test_artifacts_channel.py",
-            "psych-sandbox-macos/tests/test_backend.py",
-            "psych-sandbox-windows/tests/test_backend.py",
-        )
-    ),
-    *(
-        (path, "psych_sandbox_core.kit.posix.cgroups", "whether this host makes cgroups")
-        for path in (
-            "psych-sandbox-bwrap/tests/test_containment.py",
-            "psych-sandbox-bwrap/tests/test_leftovers.py",
-            "psych-sandbox-bwrap/tests/test_usage.py",
-        )
-    ),
-    (
-        "psych-sandbox-bwrap/tests/test_leftovers.py",
-        "psych_sandbox_core.kit.posix.identity.IdentityLease",
-        "records the proof each lease is retired with",
-    ),
-    *(
-        (path, what, "backend selection and its trials, the test kit's to give")
-        for path in (
-            "psych-sandbox-bwrap/tests/test_selection.py",
-            "psych-sandbox-docker/tests/test_selection.py",
-        )
-        for what in (
-            "psych_sandbox_core._policy.trials",
-            "psych_sandbox_core._policy.registry.BackendRegistry",
-        )
-    ),
-    (
-        "psych-sandbox-bwrap/tests/as_user.py",
-        "psych_sandbox_core._policy.trials.availability",
-        "backend selection and its trials, the test kit's to give",
-    ),
-    *(
-        (path, what, "loading a profile's backend and checking a configuration")
-        for path in (
-            "psych-sandbox-macos/tests/test_backend.py",
-            "psych-sandbox-windows/tests/test_backend.py",
-        )
-        for what in (
-            "psych_sandbox_core._policy.config.config_problems",
-            "psych_sandbox_core._policy.registry.BackendRegistry",
-        )
-    ),
-    *(
-        (
-            "psych-sandbox-docker/tests/test_bootstrap_files.py",
-            f"psych_sandbox_core.child.loader.{name}",
-            "the compiled bootstrap's files in an image's run directory",
-        )
-        for name in ("CODE_FILE", "SOURCE_FILE", "directory_arguments")
-    ),
-    *(
-        (path, "psych_sandbox_core.kit.phases.recording", "where a launch's time goes")
-        for path in (
-            "psych-sandbox-docker/tests/test_early_result.py",
-            "psych-sandbox-docker/tests/test_host_kill.py",
-        )
-    ),
-    (
-        "psych-sandbox-docker/tests/test_early_result.py",
-        "psych_sandbox_core.kit.posix.identity._lock_directory",
-        "reads the identity leases held",
-    ),
-    (
-        "psych-sandbox-docker/tests/test_leftovers.py",
-        "psych_sandbox_core.kit.posix.sweep.has_keys",
-        "whether a uid has keys left",
-    ),
-    (
-        "psych-sandbox-remote/tests/test_serve.py",
-        "psych_sandbox_core.protocol.limits.MAX_INPUT_BYTES",
-        "the protocol's input ceiling",
-    ),
-    (
-        "psych-sandbox-windows/tests/test_backend.py",
-        "psych_sandbox_core.kit.channel.FrameChannel",
-        "speaks frames to the child over the token channel",
-    ),
-]
-
-
 def test_plugin_tests_import_the_kit_the_test_kit_and_the_public_api_only() -> None:
-    found = {
-        (str(path.relative_to(ROOT / "plugins")), name)
+    # What a test needs of the core's insides, the test kit (released with the core) gives.
+    breaches = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
         for project, path in plugin_test_files()
-        for _, name in plugin_test_breaches(path, serving=project.name in SERVING)
-        if project.parent.name == "plugins"
-    } | {
-        (str(path.relative_to(ROOT)), name)
-        for project, path in plugin_test_files()
-        for _, name in plugin_test_breaches(path)
-        if project.parent.name != "plugins"
-    }
-    known = {(path, what) for path, what, _ in KNOWN_TEST_BREACHES}
-    assert sorted(found - known) == [], "plugin tests import past the kit"
-    assert sorted(known - found) == [], "no longer imported: remove from KNOWN_TEST_BREACHES"
+        for line, name in plugin_test_breaches(path, serving=project.name in SERVING)
+    ]
+    assert breaches == [], "\n".join(breaches)
 
 
 def test_the_plugin_test_rule_catches_a_breach(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ site.addsitedir(sys.argv[1])  # the test environment's packages, reachable by an
 
 import anyio
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core._policy.trials import availability
+from psych_sandbox_testing.selection import availability
 
 PROGRAM = sys.argv[2]
 

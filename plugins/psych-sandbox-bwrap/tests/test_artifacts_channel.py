@@ -9,7 +9,7 @@ import io
 from pathlib import Path
 
 from bwrap_support import requires_bwrap
-from psych_sandbox_core.cli import main
+from psych_sandbox_testing.cli_run import cli_main
 from psych_sandbox_testing.programs import PLANTED_ARTIFACTS, PLANTED_EXPECTED
 
 pytestmark = [requires_bwrap]
@@ -21,7 +21,7 @@ def test_cli_writes_the_files_under_bwrap(tmp_path: Path) -> None:
     target = tmp_path / "artifacts"
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        status = main(["run", "--profile", "bwrap", "--artifacts", str(target), str(program)])
+        status = cli_main(["run", "--profile", "bwrap", "--artifacts", str(target), str(program)])
     assert status == 0, err.getvalue()
     for path, (data, _) in PLANTED_EXPECTED.items():
         assert (target / path).read_bytes() == data
@@ -37,7 +37,7 @@ def test_cli_says_why_nothing_was_collected(tmp_path: Path) -> None:
     err = io.StringIO()
     argv = ["run", "--profile", "bwrap", "--timeout", "1", "--artifacts", str(target)]
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        status = main([*argv, str(program)])
+        status = cli_main([*argv, str(program)])
     assert status == 1
     assert "no artifacts could be collected: the execution ended before" in err.getvalue()
     assert "wrote 0" not in err.getvalue()

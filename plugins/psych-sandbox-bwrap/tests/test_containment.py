@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from bwrap_support import requires_bwrap, run
-from psych_sandbox_core.kit.posix import cgroups
+from psych_sandbox_testing.cgroups_here import makes_cgroups
 from psych_sandbox_testing.host import opens_of
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]
@@ -31,7 +31,7 @@ async def test_level_isolated_with_isolating_grades_enforced() -> None:
     assert result.backend.distribution == "psych-sandbox-bwrap"
     # Honest about usage: bwrap never hands the tree's accounting to the host, so it is
     # measured only where the execution gets a cgroup of its own.
-    has_cgroups = isinstance(cgroups.detect(), cgroups.CgroupHost)
+    has_cgroups = makes_cgroups()
     assert result.usage.measured_by == ("host" if has_cgroups else "none")
     assert (result.usage.cpu_seconds is not None) == has_cgroups
 

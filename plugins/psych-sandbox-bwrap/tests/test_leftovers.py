@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from bwrap_support import PROFILE, config, needs_root, requires_bwrap
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core.kit.posix import EmptyCgroup, cgroups
-from psych_sandbox_core.kit.posix.identity import IdentityLease
+from psych_sandbox_core.kit.posix import EmptyCgroup
+from psych_sandbox_testing.cgroups_here import CGROUP_PREFIX, makes_cgroups, without_cgroups
+from psych_sandbox_testing.leases import retirement_proofs
 from psych_sandbox_testing.leftovers import own_uid, process_under
 
 pytestmark = [requires_bwrap, needs_root, pytest.mark.anyio]
@@ -38,7 +39,7 @@ async def test_without_a_cgroup_the_sweep_kills_a_process_under_the_uid(
     one_uid: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No cgroup, no proof that nothing runs under the uid: the host's processes are scanned.
-    monkeypatch.setattr(cgroups, "detect", lambda: "no cgroups in this test")
+    without_cgroups(monkeypatch, "no cgroups in this test")
     with process_under(one_uid["identity_first_uid"]) as straggler:
         async with Sandbox(config(one_uid)) as sandbox:
             result = await sandbox.run("1 + 1", profile=PROFILE)
@@ -49,22 +50,15 @@ async def test_without_a_cgroup_the_sweep_kills_a_process_under_the_uid(
 async def test_the_removed_cgroup_is_the_proof_the_lease_is_retired_with(
     one_uid: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not isinstance(cgroups.detect(), cgroups.CgroupHost):
+    if not makes_cgroups():
         pytest.skip("this host cannot create per-execution cgroups")
-    proofs: list[EmptyCgroup | None] = []
-    retire = IdentityLease.retire
-
-    async def recording(self: IdentityLease, empty: EmptyCgroup | None = None) -> None:
-        proofs.append(empty)
-        await retire(self, empty)
-
-    monkeypatch.setattr(IdentityLease, "retire", recording)
+    proofs = retirement_proofs(monkeypatch)
     async with Sandbox(config(one_uid)) as sandbox:
         result = await sandbox.run("1 + 1", profile=PROFILE)
     assert result.error is None, result.error
     (proof,) = proofs
     assert isinstance(proof, EmptyCgroup)
-    assert all(cgroups.PREFIX in directory for directory in proof.directories)
+    assert all(CGROUP_PREFIX in directory for directory in proof.directories)
 
 
 def test_a_proof_cannot_be_made_by_hand() -> None:

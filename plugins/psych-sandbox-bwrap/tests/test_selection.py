@@ -15,11 +15,15 @@ from pathlib import Path
 import pytest
 from bwrap_support import BWRAP_ROOT, needs_root, requires_bwrap, run
 from psych_sandbox_core import ConfigurationError, Sandbox
-from psych_sandbox_core._policy import trials as trials_module
-from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_testing.as_user import SYSTEM_PYTHON, staged_environment, unprivileged_user
 from psych_sandbox_testing.host import marker, pids_with
 from psych_sandbox_testing.requirements import skip_unless_required
+from psych_sandbox_testing.selection import (
+    BackendRegistry,
+    availability,
+    forget_selections,
+    forget_trials,
+)
 
 pytestmark = [requires_bwrap, pytest.mark.anyio]
 
@@ -30,8 +34,8 @@ TEST_USER = "psych-bwrap-test"
 @pytest.fixture
 def fresh_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     """Forget trials and selections remembered by earlier tests in this process."""
-    monkeypatch.setattr(trials_module, "_TRIALS", {})
-    monkeypatch.setattr(trials_module, "_SELECTED", {})
+    forget_trials(monkeypatch)
+    forget_selections(monkeypatch)
 
 
 @pytest.fixture
@@ -65,7 +69,7 @@ async def test_default_profile_skips_bwrap_whose_trial_fails(
 ) -> None:
     monkeypatch.setenv("PATH", f"{failing_bwrap.parent}:{os.environ['PATH']}")
     registry = BackendRegistry()
-    status = await trials_module.availability(registry, "bwrap")
+    status = await availability(registry, "bwrap")
     assert status.available is False
     assert status.reason is not None
     assert "No permissions to create new namespace (simulated)" in status.reason
@@ -109,7 +113,7 @@ async def test_bad_options_fail_at_load(options: dict[str, object]) -> None:
 
 def _as_user_argv(program: str) -> list[str]:
     staged = staged_environment(
-        editable=("psych_sandbox_core", "psych_sandbox_bwrap"),
+        editable=("psych_sandbox_core", "psych_sandbox_bwrap", "psych_sandbox_testing"),
         leave_out=("psych_sandbox_docker", "psych_sandbox_example", "psych_sandbox_remote"),
         files=(str(HERE / "as_user.py"),),
     )

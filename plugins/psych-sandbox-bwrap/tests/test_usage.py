@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from bwrap_support import BWRAP_ROOT, PROFILE, config, requires_bwrap, run
 from psych_sandbox_core.kit.posix import (
-    cgroups,
     owner_tag,
 )
+from psych_sandbox_testing.cgroups_here import CGROUP_PREFIX, CgroupHost, cgroup_host
 from psych_sandbox_testing.programs import cgroups_of_one_execution
 from psych_sandbox_testing.requirements import needs
 
@@ -30,17 +30,15 @@ from psych_sandbox_bwrap.backend import (
 pytestmark = [pytest.mark.anyio]
 
 MiB = 1024 * 1024
-HOST = cgroups.detect()
-needs_cgroups = needs(
-    isinstance(HOST, cgroups.CgroupHost), BWRAP_ROOT, f"no per-execution cgroups: {HOST}"
-)
+HOST = cgroup_host()
+needs_cgroups = needs(isinstance(HOST, CgroupHost), BWRAP_ROOT, f"no per-execution cgroups: {HOST}")
 pytestmark.append(needs_cgroups)
 
 
 def our_cgroups() -> list[Path]:
     """Per-execution cgroup directories this test process made, found by walking every
     mounted hierarchy (not by asking the code under test where it put them)."""
-    mine = f"{cgroups.PREFIX}bwrap-{owner_tag()}-"
+    mine = f"{CGROUP_PREFIX}bwrap-{owner_tag()}-"
     found = []
     for top, dirs, _ in os.walk("/sys/fs/cgroup"):
         for name in dirs:
@@ -211,8 +209,8 @@ async def test_no_cgroup_left_in_any_hierarchy(ending: str) -> None:
         else:
             assert result.error is not None and result.error.kind.value == kind, result.error
     # The control: while the program ran, the host saw its cgroup in each hierarchy used.
-    assert isinstance(HOST, cgroups.CgroupHost)
-    mine = f"{cgroups.PREFIX}bwrap-{owner_tag()}-"
+    assert isinstance(HOST, CgroupHost)
+    mine = f"{CGROUP_PREFIX}bwrap-{owner_tag()}-"
     made = {Path(path).parent for path in during if Path(path).name.startswith(mine)}
     assert made == set(HOST.parents.values()), during
     assert left == []

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from docker_support import RUNTIMES, run
-from psych_sandbox_core.child.loader import CODE_FILE, SOURCE_FILE, directory_arguments
 from psych_sandbox_core.kit.relay import bootstrap_source
+from psych_sandbox_testing.bootstrap_files import CODE_FILE, SOURCE_FILE, directory_arguments
 
 import psych_sandbox_docker.backend as docker_backend
 

@@ -4,7 +4,6 @@ the Sandbox's task group. Asserted against a real engine, from the host side."""
 
 from __future__ import annotations
 
-import os
 import textwrap
 from typing import Any
 
@@ -17,9 +16,9 @@ from docker_support import (
     live_in_containers,
 )
 from psych_sandbox_core import DeploymentConfig, ErrorKind, ExecutionResult, Sandbox
-from psych_sandbox_core.kit.phases import recording
-from psych_sandbox_core.kit.posix.identity import _lock_directory
 from psych_sandbox_testing.host import marker, pids_with
+from psych_sandbox_testing.leases import held_leases
+from psych_sandbox_testing.phases import recording
 from psych_sandbox_testing.programs import DAEMON
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("engine")]
@@ -37,20 +36,6 @@ async def run_warm(source: str, runtime: str = "runc", **limits: Any) -> Executi
     async with Sandbox(warm(runtime, **limits)) as sandbox:
         await sandbox.warmed(PROFILE)
         return await sandbox.run(source, profile=PROFILE)
-
-
-def held_leases() -> list[str]:
-    """Identity lock files this process still holds open, read from /proc (the host side)."""
-    directory = os.path.realpath(_lock_directory())
-    held = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if os.path.dirname(target) == directory:
-            held.append(target)
-    return held
 
 
 def src(text: str) -> str:

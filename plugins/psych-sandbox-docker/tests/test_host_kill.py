@@ -16,8 +16,8 @@ import anyio
 import pytest
 from docker_support import PROFILE, RUNTIMES, config, live_in_containers
 from psych_sandbox_core import ErrorKind, FunctionBindings, Sandbox
-from psych_sandbox_core.kit.phases import recording
 from psych_sandbox_testing.host import wait_until
+from psych_sandbox_testing.phases import recording
 
 from psych_sandbox_docker import api
 from psych_sandbox_docker.backend import _Demux

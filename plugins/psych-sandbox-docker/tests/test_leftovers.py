@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from docker_support import PROFILE, RUNTIMES, config
 from psych_sandbox_core import Sandbox
-from psych_sandbox_core.kit.posix.sweep import has_keys
 from psych_sandbox_testing.host import marker
 from psych_sandbox_testing.leftovers import (
+    has_keys,
     host_targets,
     own_uid,
     planting_program,

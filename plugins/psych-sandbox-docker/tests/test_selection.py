@@ -9,8 +9,7 @@ import sys
 import pytest
 from docker_support import PROFILE, config, run
 from psych_sandbox_core import ConfigurationError, Sandbox
-from psych_sandbox_core._policy import trials as trials_module
-from psych_sandbox_core._policy.registry import BackendRegistry
+from psych_sandbox_testing.selection import BackendRegistry, availability, forget_trials
 
 from psych_sandbox_docker import engine as eng
 from psych_sandbox_docker.image import DEFAULT_TAG
@@ -52,7 +51,7 @@ def test_windows_host_refused_at_configuration(monkeypatch: pytest.MonkeyPatch) 
 async def test_absent_image_is_backend_not_ready_with_build_guidance(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(trials_module, "_TRIALS", {})
+    forget_trials(monkeypatch)
     before = subprocess.run(
         ["docker", "images", "-q"], capture_output=True, text=True, check=True
     ).stdout
@@ -76,7 +75,7 @@ async def test_absent_image_is_backend_not_ready_with_build_guidance(
 @pytest.mark.usefixtures("engine")
 async def test_gvisor_backend_runs_under_runsc() -> None:
     async with Sandbox(config()) as sandbox:
-        status = await trials_module.availability(sandbox.registry, "gvisor")
+        status = await availability(sandbox.registry, "gvisor")
         assert status.available, status.reason
         assert status.level is not None and status.level.value == "isolated"
     # The kernel a gVisor program sees is gVisor's own.

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from psych_sandbox_core import DeploymentConfig, Grade, Guarantee, Level, ProfileConfig, level_of
-from psych_sandbox_core._policy.config import config_problems
-from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_core.kit.relay import ContainmentReport, grade
+from psych_sandbox_testing.cli_run import cli_main
+from psych_sandbox_testing.selection import BackendRegistry, config_problems
 
 from psych_sandbox_macos.backend import MacosBackend
 
@@ -63,14 +63,12 @@ def test_doctor_reports_it_unavailable_and_fails_nothing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Through the CLI's entry point in this process: the trials doctor runs are remembered.
-    from psych_sandbox_core.cli import main
-
-    main(["doctor", "--json"])
+    cli_main(["doctor", "--json"])
     report = json.loads(capsys.readouterr().out)
     row = next(b for b in report["backends"] if b["id"] == "macos")
     assert row["works"] is False and row["reason"].startswith("requires macOS")
     assert not any("macos" in error for error in report["errors"])
-    main(["doctor"])
+    cli_main(["doctor"])
     text = capsys.readouterr().out
     assert (
         "macos (psych-sandbox-macos 0.2.0; claims process): does not work here: "

@@ -23,7 +23,7 @@ from psych_sandbox_core import (
     FunctionBindings,
     ProfileConfig,
 )
-from psych_sandbox_core.protocol.limits import MAX_INPUT_BYTES
+from psych_sandbox_testing.ceilings import MAX_INPUT_BYTES
 from remote_support import (
     FAST_LIMITS,
     PROFILE,

@@ -22,10 +22,7 @@ from psych_sandbox_core import (
     ProfileConfig,
     level_of,
 )
-from psych_sandbox_core._policy.config import config_problems
-from psych_sandbox_core._policy.registry import BackendRegistry
 from psych_sandbox_core.kit import LaunchRequest, LoopbackTokenChannel, ProbeTargets
-from psych_sandbox_core.kit.channel import FrameChannel
 from psych_sandbox_core.kit.relay import (
     ChildLimits,
     ContainmentReport,
@@ -35,6 +32,9 @@ from psych_sandbox_core.kit.relay import (
     bootstrap_source,
     grade,
 )
+from psych_sandbox_testing.cli_run import cli_main
+from psych_sandbox_testing.host_frames import FrameChannel
+from psych_sandbox_testing.selection import BackendRegistry, config_problems
 
 from psych_sandbox_windows.backend import (
     LOADER,
@@ -86,9 +86,7 @@ def test_doctor_reports_it_unavailable_and_fails_nothing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Through the CLI's entry point in this process: the trials doctor runs are remembered.
-    from psych_sandbox_core.cli import main
-
-    code = main(["doctor", "--json"])
+    code = cli_main(["doctor", "--json"])
     report = json.loads(capsys.readouterr().out)
     row = next(b for b in report["backends"] if b["id"] == "windows")
     assert row["works"] is False and row["reason"].startswith("requires Windows")

@@ -1,5 +1,6 @@
-"""A real ``psych-sandbox run`` process caught mid-program: the command line as a user runs
-it, its program blocked after it printed, for tests that signal or watch it."""
+"""The command run by a test: in this process through its entry point (:func:`cli_main`), or
+a real ``psych-sandbox run`` process caught mid-program, the command line as a user runs it,
+its program blocked after it printed, for tests that signal or watch it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -21,6 +23,15 @@ import os
 def ready():
     os.write(int(os.environ["PSYCH_TEST_READY_FD"]), b"ready\\n")
 """
+
+
+def cli_main(argv: Sequence[str]) -> int:
+    """Run the command with ``argv`` in this process, as ``psych-sandbox`` would, and return
+    its exit status: what it prints goes to this process's stdout and stderr, and what it
+    remembers (the trials doctor runs) stays remembered here."""
+    from psych_sandbox_core.cli import main
+
+    return main(argv)
 
 
 async def cli_at_ready(

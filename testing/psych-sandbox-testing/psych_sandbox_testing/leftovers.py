@@ -19,6 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from psych_sandbox_core.kit.posix.removal import remove_tree
+
+# Whether the kernel charges any key to a uid, as the sweep asks it (an unreadable
+# /proc/key-users counts as none): for a test's own check after an execution.
+from psych_sandbox_core.kit.posix.sweep import has_keys as has_keys
 from psych_sandbox_core.kit.posix.sweep import sweep
 
 #: World-writable directories the planting program writes into, where it can.
