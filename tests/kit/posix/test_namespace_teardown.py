@@ -331,14 +331,28 @@ async def test_nothing_outlives_a_program_that_tries_to_survive_teardown(ending:
     result: Any = None
     with ExitStack() as hold:
         async with Sandbox(config(wall_seconds=wall_seconds, options=own_identities())) as box:
+            ended = anyio.Event()
             async with anyio.create_task_group() as tg:
 
                 async def execution() -> None:
                     nonlocal result
-                    result = await box.run(outlive(marks), profile=PROFILE)
+                    try:
+                        result = await box.run(outlive(marks), profile=PROFILE)
+                    finally:
+                        ended.set()
+
+                async def the_run_ends_first() -> None:
+                    # A run that ends before its processes are seen would otherwise show only
+                    # as the wait for them timing out: say how it ended instead.
+                    await ended.wait()
+                    pytest.fail(f"the run ended before its processes were all seen: {result!r}")
 
                 tg.start_soon(execution)
-                namespace, uid = await hold_survivors(marks, hold, release=ending == "returns")
+                async with anyio.create_task_group() as watch:
+                    watch.start_soon(the_run_ends_first)
+                    namespace, uid = await hold_survivors(marks, hold, release=ending == "returns")
+                    # No checkpoint since the survivors were seen: the run cannot have ended.
+                    watch.cancel_scope.cancel()
                 if ending == "is_cancelled":
                     tg.cancel_scope.cancel()
             # The run has ended: its teardown is over, and nothing of it is left.
