@@ -35,28 +35,30 @@ def _type_checking(node: ast.stmt) -> bool:
     )
 
 
-def _walk(tree: ast.AST) -> list[ast.AST]:
-    """Every node, except the bodies of ``if TYPE_CHECKING:`` (imports for types only)."""
+def _walk(tree: ast.AST, types: bool = False) -> list[ast.AST]:
+    """Every node, except the bodies of ``if TYPE_CHECKING:`` (imports for types only) unless
+    ``types``."""
     found: list[ast.AST] = []
     stack = [tree]
     while stack:
         node = stack.pop()
         found.append(node)
         children = list(ast.iter_child_nodes(node))
-        if isinstance(node, ast.If) and _type_checking(node):
+        if not types and isinstance(node, ast.If) and _type_checking(node):
             children = list(node.orelse)
         stack.extend(children)
     return found
 
 
-def core_imports(path: Path, module: str) -> list[tuple[int, str]]:
+def core_imports(path: Path, module: str, types: bool = False) -> list[tuple[int, str]]:
     """(line, module) of every import of a core module in ``path``, the module ``module``
     (relative imports resolved against it), sorted by line. ``from package import name``
-    counts as importing the submodule where ``name`` is one, else the package."""
+    counts as importing the submodule where ``name`` is one, else the package. Imports for
+    types only count with ``types``."""
     is_package = path.name == "__init__.py"
     package = module if is_package else module.rpartition(".")[0]
     found: list[tuple[int, str]] = []
-    for node in _walk(ast.parse(path.read_text(), str(path))):
+    for node in _walk(ast.parse(path.read_text(), str(path)), types):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -80,11 +82,11 @@ def core_imports(path: Path, module: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module to the core modules it imports (type-only imports aside)."""
+def import_graph(types: bool = False) -> dict[str, set[str]]:
+    """Module to the core modules it imports (type-only imports aside, unless ``types``)."""
     modules = core_modules()
     return {
-        module: {target for _, target in core_imports(path, module) if target in modules}
+        module: {target for _, target in core_imports(path, module, types) if target in modules}
         for module, path in modules.items()
     }
 

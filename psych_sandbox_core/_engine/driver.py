@@ -24,8 +24,8 @@ from .._output.capture import StreamCapture
 from .._output.preservation import artifact_collector, collect_artifacts
 from ..kit.backend import Launched
 from ..kit.capabilities import ProcessesNoted, Relayed, UsageSoFar
+from ..kit.exit_status import ExitStatus
 from ..kit.phases import mark
-from ..kit.posix.process import ExitStatus
 from ..kit.probe_harness import ProbeHarness
 from ..kit.starting import HANDSHAKE_SECONDS
 from ..kit.watchers import waited

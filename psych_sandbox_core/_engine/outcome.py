@@ -16,7 +16,7 @@ from typing import Any
 from .._output.preservation import Preserved
 from ..errors import ErrorKind, ProtocolViolation
 from ..grading import Grade, Guarantee, Level, level_at_least, level_of
-from ..kit.posix.process import ExitStatus
+from ..kit.exit_status import ExitStatus
 from ..protocol import ResultFrame
 from ..protocol.codec import decode_value_json
 from ..protocol.limits import MAX_SOURCE_BYTES

@@ -22,7 +22,8 @@ from typing import Literal
 
 import anyio
 
-from ..kit.posix.process import ExitStatus, ManagedProcess
+from ..kit.exit_status import ExitStatus
+from ..kit.posix.process import ManagedProcess
 
 #: Wall-clock deadline for one search, including the child's start-up (tens of ms).
 DEFAULT_DEADLINE_SECONDS = 5.0

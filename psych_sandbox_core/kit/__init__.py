@@ -66,15 +66,15 @@ from .backend import (
     Launched,
     LaunchRequest,
     ProbeTargets,
-    ProcessLaunched,
 )
 from .capabilities import MemoryNow, ProcessesNoted, Relayed, UsageSoFar
 from .channel import ChannelListener, InheritedSocketChannel
 from .channel_loopback import LoopbackTokenChannel
 from .child_env import child_environment
+from .exit_status import ExitStatus
 from .hookspecs import BackendRegistrar, hookimpl
 from .interpreter import InterpreterOptions
-from .posix.process import ExitStatus
+from .posix.launched import ProcessLaunched
 from .spawning import spawn
 from .starting import bootstrap_argv, wait_started
 

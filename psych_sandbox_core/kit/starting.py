@@ -18,8 +18,8 @@ from anyio.abc import ByteReceiveStream
 
 from ..child.loader import directory_arguments
 from .backend import BackendUnavailable, Launched, LaunchRequest
+from .exit_status import ExitStatus
 from .late_terms import LateTerms
-from .posix.process import ExitStatus
 from .watchers import waited
 
 #: How long a child may take to connect and report before the host gives up on it. Start-up

@@ -23,7 +23,7 @@ from psych_sandbox_core._output.capture import StreamCapture, make_preview
 from psych_sandbox_core._output.preservation import Preserved
 from psych_sandbox_core.errors import ErrorKind
 from psych_sandbox_core.grading import Grade, Guarantee, Level
-from psych_sandbox_core.kit.posix.process import ExitStatus
+from psych_sandbox_core.kit.exit_status import ExitStatus
 from psych_sandbox_core.protocol import ProgramError, ResultFrame
 from psych_sandbox_core.protocol.limits import MAX_SOURCE_BYTES
 from psych_sandbox_core.result import BackendIdentity, ExecutionFailure, StreamOutput

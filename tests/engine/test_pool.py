@@ -12,8 +12,8 @@ import pytest
 from psych_sandbox_testing.host import execution_cgroups_here
 
 from psych_sandbox_core import DeploymentConfig, ExecutionLimits, ProfileConfig, Sandbox
-from psych_sandbox_core.kit.backend import ProcessLaunched
 from psych_sandbox_core.kit.phases import recording
+from psych_sandbox_core.kit.posix.launched import ProcessLaunched
 
 from ..conftest import FAST_LIMITS, marker, pids_with, wait_for_pids
 

@@ -23,8 +23,9 @@ from psych_sandbox_core.kit import child_environment
 from psych_sandbox_core.kit.backend import Backend, Launched, LaunchRequest
 from psych_sandbox_core.kit.channel import FrameChannel
 from psych_sandbox_core.kit.channel_loopback import MAX_REFUSED_CONNECTIONS, LoopbackTokenChannel
+from psych_sandbox_core.kit.exit_status import ExitStatus
 from psych_sandbox_core.kit.hookspecs import hookimpl
-from psych_sandbox_core.kit.posix.process import ExitStatus, ManagedProcess
+from psych_sandbox_core.kit.posix.process import ManagedProcess
 from psych_sandbox_core.kit.posix.removal import remove_tree
 from psych_sandbox_core.kit.posix.workspace import create_workspace
 

@@ -6,14 +6,28 @@ and the leases on their way back that a leaser short of uids waits for (:class:`
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
+from typing import Protocol
 
 import anyio
 
 from .sweep import Swept, sweep_together
 
-if TYPE_CHECKING:
-    from .identity import IdentityLease, IdentityRange
+#: A range of identities (identity.IdentityRange), told apart by value: the only thing
+#: retirement needs of one, so this module does not import the leases it serves.
+IdentityRange = Hashable
+
+
+class IdentityLease(Protocol):
+    """What retirement needs of a lease (identity.IdentityLease): its ids, and giving it back."""
+
+    @property
+    def uid(self) -> int: ...
+
+    @property
+    def gid(self) -> int: ...
+
+    def release(self) -> None: ...
 
 
 class _Returns:

@@ -37,7 +37,7 @@ from psych_sandbox_core.kit.backend import (
     LaunchRequest,
 )
 from psych_sandbox_core.kit.channel import ChannelListener
-from psych_sandbox_core.kit.posix.process import ExitStatus
+from psych_sandbox_core.kit.exit_status import ExitStatus
 from psych_sandbox_core.protocol import (
     PROTOCOL_VERSION,
     ContainmentReport,
