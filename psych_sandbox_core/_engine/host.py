@@ -40,7 +40,6 @@ __all__ = [
     "ExecutionPlan",
     "NotPrepared",
     "PreparedChild",
-    "bootstrap_source",
     "execute",
     "prepare",
 ]

@@ -9,10 +9,10 @@ and ValueError for variables), the caller's mistake, never a failure of the prog
 
 Command mode: a command runs where a program would (the same child, containment, limits,
 grades and output caps); the bootstrap, once graded, starts it as its own child and reports
-its exit status (see bootstrap.run_command and docs/command-mode.md).
+its exit status (see child/command.py's run_command and docs/command-mode.md).
 
 Inputs: the child writes them into its fresh workspace itself, before the program or command
-starts (see bootstrap.write_inputs): they are then the child's own files on every backend,
+starts (see child/inputs.py's write_inputs): they are then the child's own files on every backend,
 remote ones included (they travel in the run frame over the channel the service relays),
 owned as the child's identity, held to the workspace's own size cap, and the host never
 writes into a directory the child may have touched, so no link there can lead the host

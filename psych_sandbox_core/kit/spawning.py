@@ -180,12 +180,10 @@ async def spawn(
     """
     stack = AsyncExitStack()
     try:
-        if workspace:
-            path = create_workspace(owner)
-            stack.push_async_callback(anyio.to_thread.run_sync, remove_tree, path)
         child = Spawn(stack)
         if workspace:
-            child.workspace = path
+            child.workspace = create_workspace(owner)
+            stack.push_async_callback(anyio.to_thread.run_sync, remove_tree, child.workspace)
         # Each piece's undoing is registered as soon as it exists.
         stack.push_async_callback(child._remove_cgroup)
         child.channel = InheritedSocketChannel()

@@ -466,9 +466,13 @@ async def test_everything_dies_with_a_host_killed_outright(tmp_path: Path) -> No
 def test_the_bootstrap_reaches_the_child_precompiled() -> None:
     # Compiling the bootstrap at every start costs milliseconds per execution; one grown past
     # what a command-line argument may hold would silently go back to that.
-    from psych_sandbox_core._engine.host import bootstrap_source
     from psych_sandbox_core.backends.subprocess import SubprocessBackend, SubprocessOptions
-    from psych_sandbox_core.child.loader import _FILE_STUB, _STUB, bootstrap_arguments
+    from psych_sandbox_core.child.loader import (
+        _FILE_STUB,
+        _STUB,
+        bootstrap_arguments,
+        bootstrap_source,
+    )
 
     interpreter = SubprocessBackend(SubprocessOptions()).interpreter
     assert bootstrap_arguments(interpreter, bootstrap_source())[:2] == ["-c", _STUB]

@@ -745,7 +745,7 @@ def test_bootstrap_is_stdlib_only() -> None:
     import ast
     import sys
 
-    from psych_sandbox_core._engine.host import bootstrap_source
+    from psych_sandbox_core.child.loader import bootstrap_source
 
     tree = ast.parse(bootstrap_source())
     imported = set()

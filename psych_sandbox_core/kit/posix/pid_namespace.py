@@ -34,7 +34,7 @@ NAMESPACE_TEARDOWN_SECONDS = 5.0
 _LISTED_INLINE = 8
 #: The report is the init's pid in decimal (the descriptors travel beside it); the init's own,
 #: this tag, then the program's wait status in decimal and the CPU seconds of what the init
-#: reaped (a copy of bootstrap.EXIT_REPORT).
+#: reaped (a copy of child/pid_init.py's EXIT_REPORT).
 MAX_REPORT_BYTES = 64
 EXIT_REPORT = b"exit "
 
